@@ -1,0 +1,5 @@
+import sys
+
+from compressor_2.cli import main
+
+sys.exit(main())

@@ -1,0 +1,126 @@
+"""`python -m compressor_2 COMMAND --config PATH`: one parser, one line per error.
+
+Exit codes: 0 success, 2 usage or config error, 1 run failure, 130 interrupted.
+`--debug` shows the traceback instead of the one-line message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from compressor_2.config import Config, load_config
+from compressor_2.errors import ConfigError, RunError
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[Config, argparse.Namespace], None]
+
+
+def _no_arguments(parser: argparse.ArgumentParser) -> None:
+    del parser
+
+
+def _check_config(config: Config, args: argparse.Namespace) -> None:
+    print(f"{args.config}: OK")
+    print(config.summary())
+
+
+def _build_clusters_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--force", action="store_true", help="rebuild even when the cache is fresh")
+
+
+def _build_clusters(config: Config, args: argparse.Namespace) -> None:
+    from compressor_2.clusters.build import build_clusters
+
+    build_clusters(config, force=args.force)
+
+
+def _generate_processor_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--deltas", type=Path, required=True, help="delta JSON {cluster id: float}")
+    parser.add_argument("--out", type=Path, required=True, help="where to write the processor module")
+
+
+def _generate_processor(config: Config, args: argparse.Namespace) -> None:
+    from compressor_2.steering.generate import generate_processor
+
+    generate_processor(config, deltas_path=args.deltas, out=args.out)
+
+
+def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--deltas", type=Path, default=None,
+                        help="delta JSON to evaluate (default: all zeros, the unsteered baseline)")
+    parser.add_argument("--indices", default=None,
+                        help="'all' or indices/ranges such as '0,3,5-9' (default: the training pool)")
+    parser.add_argument("--out", type=Path, default=None, help="write per-example records as JSON here")
+
+
+def _evaluate(config: Config, args: argparse.Namespace) -> None:
+    from compressor_2.evaluate import run_evaluate
+
+    run_evaluate(config, deltas_path=args.deltas, indices=args.indices, out=args.out)
+
+
+def _evolve(config: Config, args: argparse.Namespace) -> None:
+    del args
+    from compressor_2.evolution.loop import evolve
+
+    evolve(config)
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command("check-config", "validate a config and print the resolved settings", _no_arguments, _check_config),
+    Command("build-clusters", "cluster the model's vocabulary (cached)", _build_clusters_arguments, _build_clusters),
+    Command("generate-processor", "write a standalone SGLang logit processor with baked-in deltas",
+            _generate_processor_arguments, _generate_processor),
+    Command("evaluate", "evaluate one delta vector on FinanceBench-shaped questions",
+            _evaluate_arguments, _evaluate),
+    Command("evolve", "run the genetic evolution of steering deltas (resumes when state exists)",
+            _no_arguments, _evolve),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m compressor_2", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        cmd = sub.add_parser(command.name, help=command.help, description=command.help)
+        cmd.add_argument("--config", type=Path, required=True, help="the .config written by make menuconfig")
+        cmd.add_argument("--debug", action="store_true", help="show tracebacks")
+        command.add_arguments(cmd)
+        cmd.set_defaults(run=command.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = load_config(args.config)
+        args.run(config, args)
+    except ConfigError as exc:
+        return _fail(args, exc, 2)
+    except RunError as exc:
+        return _fail(args, exc, 1)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the one-line promise covers surprises too
+        return _fail(args, exc, 1, prefix=f"{type(exc).__name__}: ")
+    return 0
+
+
+def _fail(args: argparse.Namespace, exc: BaseException, code: int, prefix: str = "") -> int:
+    if args.debug:
+        traceback.print_exception(exc)
+    else:
+        first = str(exc).strip().splitlines()
+        print(f"error: {prefix}{first[0] if first else type(exc).__name__}", file=sys.stderr)
+    return code

@@ -1,0 +1,355 @@
+"""Load a Kconfig `.config` into one frozen, typed `Config`, refusing anything suspicious.
+
+kconfiglib never raises on a bad value: it warns and falls back to the default.
+Here every warning, unknown name, dependency-unmet assignment, unparsable float and
+out-of-range value is a `ConfigError` naming the symbol and the value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import kconfiglib
+
+from compressor_2.errors import ConfigError
+
+KCONFIG_PATH = Path(__file__).resolve().parent.parent / "Kconfig"
+
+EngineName = Literal["transformers", "sglang"]
+JudgeName = Literal["numeric", "llm", "hybrid"]
+ReflectorName = Literal["local", "openai"]
+SELECTIONS = ("tournament", "truncation")
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every setting of a run; built only by `load_config`, which validated it."""
+
+    # Paths
+    output_dir: Path
+    cluster_dir: Path
+    cluster_descriptions_path: Path
+    initial_deltas_path: Path
+    # Dataset
+    financebench_jsonl_path: Path
+    pool_indices: str
+    prompt_template_path: Path | None
+    evidence_max_chars: int
+    # Engine
+    engine: EngineName
+    model_path: str
+    max_new_tokens: int
+    temperature: float
+    transformers_batch_size: int
+    transformers_device: str
+    eval_concurrency: int
+    sglang_command: str
+    sglang_urls: tuple[str, ...]
+    sglang_port: int
+    sglang_allow_remote: bool
+    sglang_startup_timeout: float
+    sglang_poll_interval: float
+    sglang_request_timeout: float
+    sglang_max_restarts: int
+    sglang_stop_grace: float
+    # Fitness (lambdas normalised to sum to 1)
+    lambda_shortness: float
+    lambda_correctness: float
+    shortness_scale: float
+    # Correctness judge
+    judge: JudgeName
+    correctness_tolerance: float
+    judge_model: str
+    judge_base_url: str
+    judge_api_key_env: str
+    # Reflector
+    reflector: ReflectorName
+    reflector_model: str
+    reflector_base_url: str
+    reflector_api_key_env: str
+    reflector_timeout: float
+    reflector_max_retries: int
+    reflector_concurrency: int
+    reflector_answer_max_chars: int
+    local_reflector_step: float
+    # Genetic algorithm
+    seed: int
+    population_size: int
+    ngen: int
+    cxpb: float
+    mutpb: float
+    elitism_size: int
+    selection: str
+    tournament_size: int | None
+    truncation_top_k: int | None
+    # Clustering
+    embedding_model: str
+    pca_components: int
+    num_clusters: int
+    embed_batch_size: int
+
+    def summary(self) -> str:
+        """The resolved settings, one `name = value` a line, for `check-config`."""
+        width = max(len(f.name) for f in dataclasses.fields(self))
+        return "\n".join(
+            f"{f.name.ljust(width)} = {_show(getattr(self, f.name))}"
+            for f in dataclasses.fields(self)
+        )
+
+
+def _show(value: object) -> str:
+    if isinstance(value, tuple):
+        return ",".join(map(str, value)) or "(none)"
+    return "(none)" if value is None else str(value)
+
+
+class _Reader:
+    """Typed access to symbol values, each failure naming `CONFIG_<NAME>`."""
+
+    def __init__(self, kconf: kconfiglib.Kconfig) -> None:
+        self._kconf = kconf
+
+    def _sym(self, name: str) -> kconfiglib.Symbol:
+        return self._kconf.syms[name]
+
+    def raw(self, name: str) -> str:
+        sym = self._sym(name)
+        if sym.visibility or not sym.defaults:
+            return sym.str_value
+        # A symbol whose dependency is unmet reads as "": keep its Kconfig default
+        # so the dataclass stays fully typed (the setting is simply unused).
+        return sym.defaults[0][0].str_value
+
+    def string(self, name: str) -> str:
+        return self.raw(name)
+
+    def integer(self, name: str) -> int:
+        value = self.raw(name)
+        try:
+            return int(value, 0)
+        except ValueError:
+            raise ConfigError(f"CONFIG_{name}={value!r} is not an integer") from None
+
+    def number(self, name: str) -> float:
+        value = self.raw(name).strip()
+        try:
+            parsed = float(value)
+        except ValueError:
+            raise ConfigError(f"CONFIG_{name}={value!r} is not a number") from None
+        if not math.isfinite(parsed):
+            raise ConfigError(f"CONFIG_{name}={value!r} is not a finite number")
+        return parsed
+
+    def flag(self, name: str) -> bool:
+        return self._sym(name).tri_value == 2
+
+    def choice(self, options: dict[str, str]) -> str:
+        return next(label for sym, label in options.items() if self.flag(sym))
+
+
+def _check_kconfig_warnings(kconf: kconfiglib.Kconfig) -> None:
+    if kconf.warnings:
+        message = kconf.warnings[0].replace("warning: ", "")
+        message = re.sub(r"\s*\(defined at [^)]*\)", "", message)
+        # We refuse instead of falling back, so kconfiglib's "ignored" wording would mislead.
+        message = re.sub(r"\s*(--\s*)?(falling back on defaults|[.,]?\s*[Aa]ssignment ignored\.?)", "", message)
+        # kconfiglib names symbols without the prefix users see in .config files.
+        message = re.sub(
+            r"\b(?<!CONFIG_)([A-Z][A-Z0-9_]{2,})\b",
+            lambda m: f"CONFIG_{m[1]}" if m[1] in kconf.syms or "symbol " + m[1] in message else m[1],
+            message,
+        )
+        raise ConfigError(" ".join(message.split()))
+
+
+def _check_unmet_assignments(kconf: kconfiglib.Kconfig) -> None:
+    for sym in kconf.unique_defined_syms:
+        if sym.user_value is None:
+            continue
+        if sym.orig_type in (kconfiglib.BOOL, kconfiglib.TRISTATE):
+            effective, given = sym.tri_value, sym.user_value
+            shown = {0: "n", 1: "m", 2: "y"}.get(given, str(given))
+        else:
+            effective, given = sym.str_value, sym.user_value
+            shown = str(given)
+        if effective != given:
+            if sym.choice is not None:
+                raise ConfigError(
+                    f"CONFIG_{sym.name}={shown} conflicts with another choice in the same menu "
+                    f"(only one of {', '.join('CONFIG_' + s.name for s in sym.choice.syms)} may be y)"
+                )
+            raise ConfigError(
+                f"CONFIG_{sym.name}={shown} is set but its dependency "
+                f"({kconfiglib.expr_str(sym.direct_dep, lambda sc: 'CONFIG_' + sc.name)}) is not met, "
+                "so it would be ignored"
+            )
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+def _sentinel(r: _Reader, name: str) -> None:
+    value = r.raw(name)
+    _require(
+        value not in ("", "-1"),
+        f"CONFIG_{name} is not set (still at its sentinel {value!r}); "
+        "the genetic-algorithm options have no defaults: set it with `make menuconfig`",
+    )
+
+
+def load_config(path: str | Path) -> Config:
+    """Parse, check and freeze the `.config` at `path`."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(
+            f"config file '{path}' not found: create it with `make defconfig` "
+            "(the embedded default) or `make menuconfig`"
+        )
+    kconf = kconfiglib.Kconfig(str(KCONFIG_PATH), warn_to_stderr=False)
+    kconf.warn_assign_undef = True
+    kconf.warn_assign_override = True
+    kconf.warn_assign_redun = False
+    kconf.load_config(str(path))
+    for sym in kconf.unique_defined_syms:
+        sym.str_value  # range warnings are only emitted when a value is computed
+    _check_kconfig_warnings(kconf)
+    _check_unmet_assignments(kconf)
+    r = _Reader(kconf)
+    return _build(r)
+
+
+def _build(r: _Reader) -> Config:
+    for name in (
+        "INITIAL_DELTAS_PATH", "POPULATION_SIZE", "NGEN", "CXPB", "MUTPB",
+        "ELITISM_SIZE", "SELECTION", "LAMBDA_SHORTNESS", "LAMBDA_CORRECTNESS",
+    ):
+        _sentinel(r, name)
+
+    population = r.integer("POPULATION_SIZE")
+    _require(population >= 2, f"CONFIG_POPULATION_SIZE={population} must be at least 2")
+    ngen = r.integer("NGEN")
+    _require(ngen >= 1, f"CONFIG_NGEN={ngen} must be at least 1")
+    elitism = r.integer("ELITISM_SIZE")
+    _require(
+        0 <= elitism < population,
+        f"CONFIG_ELITISM_SIZE={elitism} must satisfy 0 <= elitism < population ({population})",
+    )
+    probabilities = {name: r.number(name) for name in ("CXPB", "MUTPB")}
+    for name, value in probabilities.items():
+        _require(0.0 <= value <= 1.0, f"CONFIG_{name}={value} must be in [0, 1]")
+
+    selection = r.string("SELECTION").strip()
+    _require(
+        selection in SELECTIONS,
+        f"CONFIG_SELECTION={selection!r} is unknown; use one of {', '.join(SELECTIONS)}",
+    )
+    tournament_size = _selection_size(r, "TOURNAMENT_SIZE", selection == "tournament", population)
+    truncation_top_k = _selection_size(r, "TRUNCATION_TOP_K", selection == "truncation", population)
+
+    lambdas = {name: r.number(name) for name in ("LAMBDA_SHORTNESS", "LAMBDA_CORRECTNESS")}
+    for name, value in lambdas.items():
+        _require(0.0 <= value <= 1.0, f"CONFIG_{name}={value} must be in [0, 1]")
+    total = sum(lambdas.values())
+    _require(total > 0, "CONFIG_LAMBDA_SHORTNESS and CONFIG_LAMBDA_CORRECTNESS are both 0")
+
+    def positive(name: str) -> float:
+        value = r.number(name)
+        _require(value > 0, f"CONFIG_{name}={value} must be greater than 0")
+        return value
+
+    temperature = r.number("TEMPERATURE")
+    _require(temperature >= 0, f"CONFIG_TEMPERATURE={temperature} must be >= 0")
+    tolerance = r.number("CORRECTNESS_TOLERANCE")
+    _require(0 <= tolerance < 1, f"CONFIG_CORRECTNESS_TOLERANCE={tolerance} must be in [0, 1)")
+
+    pool = r.string("FINANCEBENCH_POOL_INDICES").strip()
+    _require(
+        re.fullmatch(r"all|\d+(-\d+)?(\s*,\s*\d+(-\d+)?)*", pool) is not None,
+        f"CONFIG_FINANCEBENCH_POOL_INDICES={pool!r} must be 'all' or indices/ranges like '0,3,5-9'",
+    )
+    template = r.string("PROMPT_TEMPLATE_PATH").strip()
+    urls = tuple(u.strip().rstrip("/") for u in r.string("SGLANG_URLS").split(",") if u.strip())
+    for url in urls:
+        _require(
+            re.match(r"https?://", url) is not None,
+            f"CONFIG_SGLANG_URLS has {url!r}, which is not an http(s):// URL",
+        )
+    for name in ("OUTPUT_DIR", "CLUSTER_DIR", "CLUSTER_DESCRIPTIONS_PATH", "MODEL_PATH",
+                 "FINANCEBENCH_JSONL_PATH", "EMBEDDING_MODEL"):
+        _require(r.string(name).strip() != "", f"CONFIG_{name} is empty")
+
+    return Config(
+        output_dir=Path(r.string("OUTPUT_DIR")),
+        cluster_dir=Path(r.string("CLUSTER_DIR")),
+        cluster_descriptions_path=Path(r.string("CLUSTER_DESCRIPTIONS_PATH")),
+        initial_deltas_path=Path(r.string("INITIAL_DELTAS_PATH")),
+        financebench_jsonl_path=Path(r.string("FINANCEBENCH_JSONL_PATH")),
+        pool_indices=pool,
+        prompt_template_path=Path(template) if template else None,
+        evidence_max_chars=r.integer("EVIDENCE_MAX_CHARS"),
+        engine=r.choice({"ENGINE_TRANSFORMERS": "transformers", "ENGINE_SGLANG": "sglang"}),  # type: ignore[arg-type]
+        model_path=r.string("MODEL_PATH"),
+        max_new_tokens=r.integer("MAX_NEW_TOKENS"),
+        temperature=temperature,
+        transformers_batch_size=r.integer("TRANSFORMERS_BATCH_SIZE"),
+        transformers_device=r.string("TRANSFORMERS_DEVICE"),
+        eval_concurrency=r.integer("EVAL_CONCURRENCY"),
+        sglang_command=r.string("SGLANG_COMMAND"),
+        sglang_urls=urls,
+        sglang_port=r.integer("SGLANG_PORT"),
+        sglang_allow_remote=r.flag("SGLANG_ALLOW_REMOTE"),
+        sglang_startup_timeout=float(r.integer("SGLANG_STARTUP_TIMEOUT")),
+        sglang_poll_interval=positive("SGLANG_POLL_INTERVAL"),
+        sglang_request_timeout=float(r.integer("SGLANG_REQUEST_TIMEOUT")),
+        sglang_max_restarts=r.integer("SGLANG_MAX_RESTARTS"),
+        sglang_stop_grace=float(r.integer("SGLANG_STOP_GRACE")),
+        lambda_shortness=lambdas["LAMBDA_SHORTNESS"] / total,
+        lambda_correctness=lambdas["LAMBDA_CORRECTNESS"] / total,
+        shortness_scale=positive("SHORTNESS_SCALE"),
+        judge=r.choice({"JUDGE_NUMERIC": "numeric", "JUDGE_LLM": "llm", "JUDGE_HYBRID": "hybrid"}),  # type: ignore[arg-type]
+        correctness_tolerance=tolerance,
+        judge_model=r.string("JUDGE_MODEL"),
+        judge_base_url=r.string("JUDGE_BASE_URL"),
+        judge_api_key_env=r.string("JUDGE_API_KEY_ENV"),
+        reflector=r.choice({"REFLECTOR_LOCAL": "local", "REFLECTOR_OPENAI": "openai"}),  # type: ignore[arg-type]
+        reflector_model=r.string("REFLECTOR_MODEL"),
+        reflector_base_url=r.string("REFLECTOR_BASE_URL"),
+        reflector_api_key_env=r.string("REFLECTOR_API_KEY_ENV"),
+        reflector_timeout=float(r.integer("REFLECTOR_TIMEOUT")),
+        reflector_max_retries=r.integer("REFLECTOR_MAX_RETRIES"),
+        reflector_concurrency=r.integer("REFLECTOR_CONCURRENCY"),
+        reflector_answer_max_chars=r.integer("REFLECTOR_ANSWER_MAX_CHARS"),
+        local_reflector_step=positive("LOCAL_REFLECTOR_STEP"),
+        seed=r.integer("SEED"),
+        population_size=population,
+        ngen=ngen,
+        cxpb=probabilities["CXPB"],
+        mutpb=probabilities["MUTPB"],
+        elitism_size=elitism,
+        selection=selection,
+        tournament_size=tournament_size,
+        truncation_top_k=truncation_top_k,
+        embedding_model=r.string("EMBEDDING_MODEL"),
+        pca_components=r.integer("PCA_COMPONENTS"),
+        num_clusters=r.integer("NUM_CLUSTERS"),
+        embed_batch_size=r.integer("EMBED_BATCH_SIZE"),
+    )
+
+
+def _selection_size(r: _Reader, name: str, required: bool, population: int) -> int | None:
+    value = r.integer(name)
+    if not required:
+        return None
+    _require(value != -1, f"CONFIG_{name} is not set (still at its sentinel -1) but CONFIG_SELECTION needs it")
+    _require(
+        2 <= value <= population,
+        f"CONFIG_{name}={value} must be in [2, population] = [2, {population}]",
+    )
+    return value

@@ -1,0 +1,1 @@
+"""FinanceBench-shaped datasets and the prompts built from them."""

@@ -1,0 +1,33 @@
+"""The prompt sent to the model: the question plus its evidence pages (FinanceBench "oracle")."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from compressor_2.errors import ConfigError
+
+DEFAULT_TEMPLATE = "Evidence:\n{evidence}\n\nQuestion: {question}"
+
+
+def load_template(path: Path | None) -> str:
+    """The template at `path` (placeholders {question} and {evidence}), or the built-in one."""
+    if path is None:
+        return DEFAULT_TEMPLATE
+    try:
+        template = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"prompt template '{path}' cannot be read: {exc.strerror}") from None
+    for field in ("{question}", "{evidence}"):
+        if field not in template:
+            raise ConfigError(f"prompt template '{path}' lacks the placeholder {field}")
+    return template
+
+
+def build_prompt(question: str, evidence_pages: Sequence[str], template: str = DEFAULT_TEMPLATE,
+                 max_evidence_chars: int = 0) -> str:
+    """`max_evidence_chars` > 0 caps the joined evidence (long filings overflow small contexts)."""
+    evidence = "\n\n".join(page.strip() for page in evidence_pages)
+    if max_evidence_chars > 0:
+        evidence = evidence[:max_evidence_chars]
+    return template.replace("{evidence}", evidence).replace("{question}", question.strip())

@@ -1,0 +1,1 @@
+"""Engines turn (prompt, deltas) pairs into answers; chosen by name from the config."""

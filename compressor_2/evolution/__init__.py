@@ -1,0 +1,1 @@
+"""The DEAP genetic algorithm over delta vectors (seed 000)."""

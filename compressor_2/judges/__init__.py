@@ -1,0 +1,1 @@
+"""Correctness judges: per example is_correct and reasoning; chosen by name from the config."""

@@ -1,0 +1,1 @@
+"""Deltas and the logit bias they become: the one place the steering arithmetic lives."""

@@ -1,0 +1,60 @@
+"""Delta sets: JSON {cluster id: float} <-> lists in canonical order, validated against the clusters."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from compressor_2.errors import ConfigError
+
+Deltas = dict[str, float]
+
+
+def canonical_ids(ids: Iterable[str]) -> list[str]:
+    """Seed 000 §1: numeric order of the cluster ids."""
+    return sorted(ids, key=int)
+
+
+def validate_deltas(deltas: Mapping[str, object], expected_ids: Iterable[str], source: str) -> Deltas:
+    """Exactly the expected ids, each a finite number; the error names the id that is off."""
+    expected = set(expected_ids)
+    missing = expected - set(deltas)
+    extra = set(deltas) - expected
+    if missing:
+        raise ConfigError(f"{source}: cluster id(s) {', '.join(canonical_ids(missing))} missing")
+    if extra:
+        shown = ", ".join(sorted(map(str, extra)))
+        raise ConfigError(f"{source}: unknown cluster id(s) {shown} (not in the cluster descriptions)")
+    checked: Deltas = {}
+    for cid in canonical_ids(expected):
+        value = deltas[cid]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(f"{source}: delta of cluster {cid} is {value!r}, not a finite number")
+        checked[cid] = float(value)
+    return checked
+
+
+def load_deltas(path: str | Path, expected_ids: Iterable[str]) -> Deltas:
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"deltas file '{path}' not found") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"deltas file '{path}' is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"deltas file '{path}' must hold a JSON object {{cluster id: float}}")
+    return validate_deltas(raw, expected_ids, str(path))
+
+
+def to_list(deltas: Mapping[str, float]) -> list[float]:
+    return [float(deltas[cid]) for cid in canonical_ids(deltas)]
+
+
+def to_dict(values: Sequence[float], ids: Sequence[str]) -> Deltas:
+    """`ids` must already be in canonical order."""
+    if len(values) != len(ids):
+        raise ValueError(f"{len(values)} deltas for {len(ids)} clusters")
+    return {cid: float(v) for cid, v in zip(ids, values)}
