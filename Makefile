@@ -45,4 +45,4 @@ run: $(STAMP) $(CONFIG)
 	$(PY) -m compressor_2 evolve --config $(CONFIG)
 
 bench: $(STAMP)
-	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	@for b in benchmarks/bench_*.py benchmarks/calibrate_judge.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -7,6 +7,7 @@ Exit codes: 0 success, 2 usage or config error, 1 run failure, 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -112,6 +113,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`... | head`): not an error worth a message.
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - stays open until exit
+        return 0
     except Exception as exc:  # noqa: BLE001 - the one-line promise covers surprises too
         return _fail(args, exc, 1, prefix=f"{type(exc).__name__}: ")
     return 0

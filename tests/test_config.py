@@ -162,3 +162,10 @@ def test_cli_usage_error_exit_2() -> None:
 def test_every_command_has_help(command: str) -> None:
     result = run_cli(command, "--help")
     assert result.returncode == 0 and "--config" in result.stdout
+
+
+def test_real_setup_config_loads() -> None:
+    config = load_config(REPO / "configs" / "sglang-financebench.config")
+    assert (config.engine, config.reflector, config.judge) == ("sglang", "openai", "hybrid")
+    assert config.sglang_urls == () and config.sglang_allow_remote is False
+    assert config.lambda_correctness == pytest.approx(0.6)
