@@ -1,0 +1,241 @@
+"""The SGLang server a run launches: its own process group, a log file, readiness
+polling, and a stop that cannot leave a GPU-holding process behind.
+
+One server serves the whole run (each request carries its own deltas), so it is
+started once and restarted only when it crashed. The server runs `dill.loads` on a
+request field while `--enable-custom-logit-processor` is on, so it binds 127.0.0.1
+unless the config explicitly allows remote access.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import time
+from collections import deque
+from pathlib import Path
+
+import httpx
+
+from compressor_2.config import Config
+from compressor_2.errors import ConfigError, RunError
+
+logger = logging.getLogger(__name__)
+
+LOG_NAME = "sglang_server.log"
+LOG_TAIL_LINES = 30
+CUSTOM_PROCESSOR_FLAG = "--enable-custom-logit-processor"
+_LOOPBACK = "127.0.0.1"
+_LOCAL_HOSTS = {"127.0.0.1", "localhost"}
+
+
+def _option(command: list[str], flag: str) -> str | None:
+    """The value of `flag` in `command` (`--flag v` or `--flag=v`), None when absent."""
+    for i, arg in enumerate(command):
+        if arg == flag:
+            return command[i + 1] if i + 1 < len(command) else ""
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def bind_host(config: Config) -> str:
+    return "0.0.0.0" if config.sglang_allow_remote else _LOOPBACK
+
+
+def launch_command(config: Config) -> list[str]:
+    """CONFIG_SGLANG_COMMAND plus the flags this project relies on, each added only when
+    missing; a command that contradicts the config is refused rather than half-obeyed."""
+    try:
+        command = shlex.split(config.sglang_command)
+    except ValueError as exc:
+        raise ConfigError(
+            f"CONFIG_SGLANG_COMMAND={config.sglang_command!r} cannot be parsed: {exc}") from None
+    if not command:
+        raise ConfigError("CONFIG_SGLANG_COMMAND is empty")
+
+    port = _option(command, "--port")
+    if port is None:
+        command += ["--port", str(config.sglang_port)]
+    elif port != str(config.sglang_port):
+        raise ConfigError(
+            f"CONFIG_SGLANG_COMMAND has --port {port} but CONFIG_SGLANG_PORT={config.sglang_port}: "
+            "set the port in CONFIG_SGLANG_PORT only"
+        )
+    host = _option(command, "--host")
+    if host is None:
+        command += ["--host", bind_host(config)]
+    elif host not in _LOCAL_HOSTS and not config.sglang_allow_remote:
+        raise ConfigError(
+            f"CONFIG_SGLANG_COMMAND has --host {host}, which exposes the server (it runs code sent "
+            "in requests); remove it, or set CONFIG_SGLANG_ALLOW_REMOTE=y if you really mean it"
+        )
+    if _option(command, "--model-path") is None:
+        command += ["--model-path", config.model_path]
+    if CUSTOM_PROCESSOR_FLAG not in command:
+        command.append(CUSTOM_PROCESSOR_FLAG)
+    return command
+
+
+def ensure_port_free(host: str, port: int) -> None:
+    """Fail before launching, not after a long model load, when the port is taken."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # The server sets SO_REUSEADDR too, so a port in TIME_WAIT (a previous run) is free.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(
+                f"CONFIG_SGLANG_PORT={port}: {host}:{port} is already in use ({exc.strerror}); "
+                "stop whatever listens there, choose another port, or attach to a running "
+                "server with CONFIG_SGLANG_URLS"
+            ) from None
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
+    """The last non-empty lines of the server log."""
+    try:
+        with path.open("r", encoding="utf-8", errors="replace") as handle:
+            return [line.rstrip() for line in deque((ln for ln in handle if ln.strip()), maxlen=lines)]
+    except FileNotFoundError:
+        return []
+
+
+class SGLangServer:
+    """One launched server. `start()` blocks until it is ready; `stop()` is idempotent and
+    also runs at interpreter exit. Usable as a context manager."""
+
+    def __init__(self, config: Config) -> None:
+        self.command = launch_command(config)
+        self.host = _option(self.command, "--host") or bind_host(config)
+        self.port = config.sglang_port
+        # Clients always go through the loopback, also when the server binds 0.0.0.0.
+        self.url = f"http://{_LOOPBACK}:{config.sglang_port}"
+        self.log_path = config.output_dir / LOG_NAME
+        self.startup_timeout = config.sglang_startup_timeout
+        self.poll_interval = config.sglang_poll_interval
+        self.stop_grace = config.sglang_stop_grace
+        self.starts = 0
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    def alive(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def start(self) -> None:
+        if self.alive():
+            return
+        self.stop()  # reaps a crashed predecessor and anything left in its group
+        ensure_port_free(self.host, self.port)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.starts += 1
+        with self.log_path.open("ab") as log:
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+            log.write(f"\n=== compressor_2: server start #{self.starts} at {stamp}: "
+                      f"{shlex.join(self.command)}\n".encode())
+            log.flush()
+            try:
+                self._process = subprocess.Popen(
+                    self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    # Its own group: Ctrl+C in the terminal does not reach it, and stop()
+                    # can signal its worker processes together with it.
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise ConfigError(
+                    f"CONFIG_SGLANG_COMMAND: cannot run {self.command[0]!r}: {exc.strerror}"
+                ) from None
+        atexit.register(self.stop)
+        logger.info("SGLang server start #%d: pid %d, %s, log %s",
+                    self.starts, self._process.pid, self.url, self.log_path)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ready(self) -> None:
+        assert self._process is not None
+        deadline = time.monotonic() + self.startup_timeout
+        path = "/health_generate"
+        with httpx.Client() as client:
+            while True:
+                if self._process.poll() is not None:
+                    code = self._process.returncode
+                    raise RunError(self._failure(f"exited with code {code} during start-up"))
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise RunError(self._failure(
+                        f"was not ready after {self.startup_timeout:g} s (CONFIG_SGLANG_STARTUP_TIMEOUT)"))
+                try:
+                    status = client.get(self.url + path, timeout=remaining).status_code
+                except httpx.TransportError:
+                    status = None
+                if status == 200:
+                    return
+                if status == 404 and path == "/health_generate":
+                    path = "/health"  # older SGLang versions have only /health
+                    continue
+                try:
+                    # Returns as soon as the process exits: a crash is reported at once.
+                    self._process.wait(timeout=min(self.poll_interval, max(remaining, 0.0)))
+                except subprocess.TimeoutExpired:
+                    pass
+
+    def _failure(self, what: str) -> str:
+        tail = log_tail(self.log_path)
+        last = tail[-1] if tail else "(the log is empty)"
+        # The CLI prints only the first line: make it carry the server's last words.
+        return f"the SGLang server {what}; last log line: {last}\n" \
+               f"--- last lines of {self.log_path} ---\n" + "\n".join(tail)
+
+    def failure_summary(self) -> str:
+        """The server log's last line, for errors raised after start-up."""
+        tail = log_tail(self.log_path, 1)
+        return f"last line of {self.log_path}: {tail[0] if tail else '(empty)'}"
+
+    def stop(self) -> None:
+        """SIGTERM to the whole group, SIGKILL after the grace period."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        atexit.unregister(self.stop)
+        try:
+            if process.poll() is None:
+                _signal_group(process.pid, signal.SIGTERM)
+                try:
+                    process.wait(timeout=self.stop_grace)
+                except subprocess.TimeoutExpired:
+                    logger.warning("SGLang server pid %d ignored SIGTERM for %g s: killing it",
+                                   process.pid, self.stop_grace)
+        finally:
+            # Also after a clean exit or a crash: workers left in the group hold GPU memory.
+            _signal_group(process.pid, signal.SIGKILL)
+            process.wait()
+        logger.info("SGLang server pid %d stopped (exit code %s)", process.pid, process.returncode)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def __enter__(self) -> SGLangServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is already gone

@@ -1,0 +1,227 @@
+"""The SGLang engine against the fake server (a real subprocess speaking SGLang's HTTP
+protocol, loading the real processor string and applying the real custom_params)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from transformers import AutoTokenizer
+
+from compressor_2.clusters.clusterset import FINGERPRINT_FILE, ClusterSet
+from compressor_2.engines.base import Generation, GenerationRequest
+from compressor_2.engines.sglang_engine import SGLangEngine, render_prompt
+from compressor_2.engines.sglang_server import SGLangServer
+from compressor_2.errors import ConfigError, RunError
+from tests.sglang_helpers import FAKE_SERVER, fake_stats, free_port, process_gone, sglang_config
+
+PROMPTS = ["Revenue was", "Total assets", "The answer is 1.9%", "net income was 5,363"]
+ZEROS = (0.0, 0.0, 0.0)
+EOS_SOONER = (3.0, 0.0, 0.0)  # cluster 0 is EOS
+EOS_FIRST = (50.0, 0.0, 0.0)
+EOS_NEVER = (-50.0, 0.0, 0.0)
+MAX_NEW = 24  # sglang_config's max_new_tokens
+
+
+@pytest.fixture(scope="module")
+def clusters(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> ClusterSet:
+    """Cluster 0: EOS only; clusters 1 and 2: the even and odd ids of everything else."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    token_clusters = np.arange(len(tokenizer), dtype=np.int64) % 2 + 1
+    token_clusters[tokenizer.eos_token_id] = 0
+    directory = tmp_path_factory.mktemp("clusters")
+    path = directory / "token_clusters.npy"
+    np.save(path, token_clusters)
+    # The processor checks the map on the server against the fingerprint the client sends.
+    (directory / FINGERPRINT_FILE).write_text(json.dumps({"fingerprint": "test"}))
+    descriptions = {cid: {"description": f"cluster {cid}"} for cid in ("0", "1", "2")}
+    return ClusterSet(cluster_ids=("0", "1", "2"), token_clusters=token_clusters,
+                      token_clusters_path=path.resolve(), descriptions=descriptions,
+                      fingerprint="test")
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir: Path, clusters: ClusterSet, tmp_path_factory: pytest.TempPathFactory):
+    """One launched fake server shared by the tests that do not break it."""
+    config = sglang_config(tmp_path_factory.mktemp("run"), tiny_model_dir, "--fake-generate-delay", "0.05")
+    engine = SGLangEngine.from_config(config, clusters)
+    yield engine
+    engine.close()
+
+
+def requests(*vectors: tuple[float, ...]) -> list[GenerationRequest]:
+    return [GenerationRequest(p, v) for v in vectors for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def reference(engine: SGLangEngine) -> dict[GenerationRequest, Generation]:
+    """Answers of a healthy server, to check crashed and attached runs against."""
+    mixed = requests(ZEROS, EOS_SOONER, (0.0, 2.0, -2.0))
+    return dict(zip(mixed, engine.generate(mixed)))
+
+
+def test_eos_delta_changes_the_answers(engine: SGLangEngine):
+    baseline = engine.generate(requests(ZEROS))
+    sooner = engine.generate(requests(EOS_SOONER))
+    first = engine.generate(requests(EOS_FIRST))
+    never = engine.generate(requests(EOS_NEVER))
+
+    assert all(1 < g.completion_tokens < MAX_NEW for g in baseline), "room in both directions"
+    assert all(s.completion_tokens < b.completion_tokens for s, b in zip(sooner, baseline))
+    assert [(g.completion_tokens, g.text) for g in first] == [(1, "")] * len(PROMPTS)
+    assert [g.completion_tokens for g in never] == [MAX_NEW] * len(PROMPTS)
+    assert all(g.text for g in never)
+    assert len({g.text for g in never}) == len(PROMPTS), "answers follow the prompt"
+
+
+def test_requests_run_concurrently_within_the_bound(engine: SGLangEngine):
+    engine.generate(requests(ZEROS, EOS_SOONER, EOS_FIRST))  # 12 requests, concurrency 4
+    stats = fake_stats(engine.urls[0])
+    assert 1 < stats["max_in_flight"] <= 4
+
+
+def test_one_server_and_one_processor_string_for_every_call(engine: SGLangEngine, reference):
+    done: list[int] = []
+    engine.generate(requests(ZEROS), progress=done.append)
+    engine.generate(requests(EOS_NEVER), progress=done.append)
+    assert done == [1] * (2 * len(PROMPTS))
+    assert engine.server_starts == 1
+    assert fake_stats(engine.urls[0])["processor_strings"] == 1
+
+
+def test_mixed_individuals_in_one_call_match_separate_calls(engine: SGLangEngine, reference):
+    vectors = (EOS_SOONER, ZEROS, (0.0, 2.0, -2.0))
+    separate = [g for v in vectors for g in engine.generate(requests(v))]
+    assert separate == [reference[r] for r in requests(*vectors)]
+
+
+def test_deltas_must_match_the_clusters(engine: SGLangEngine):
+    with pytest.raises(ValueError, match="2 deltas for 3 clusters"):
+        engine.generate([GenerationRequest("x", (0.0, 1.0))])
+
+
+@pytest.mark.slow  # two server starts, each importing torch for the toy model
+def test_crash_mid_evaluation_restarts_once_and_resends(tiny_model_dir, clusters, reference,
+                                                        tmp_path: Path, caplog):
+    caplog.set_level(logging.INFO, logger="compressor_2.engines")
+    config = sglang_config(tmp_path / "run", tiny_model_dir, "--fake-generate-delay", "0.05",
+                           "--fake-crash-after", "8", "--fake-crash-marker", str(tmp_path / "crashed"))
+    batch = requests(ZEROS, EOS_SOONER, (0.0, 2.0, -2.0))
+    done: list[int] = []
+    with SGLangEngine.from_config(config, clusters) as engine:
+        results = engine.generate(batch, progress=done.append)
+        pid = engine.server.pid
+        assert engine.restarts == 1 and engine.server_starts == 2
+    assert (tmp_path / "crashed").exists(), "the fake did crash"
+    assert results == [reference[r] for r in batch]
+    assert sum(done) == len(batch)
+    assert "SGLang server start #1" in caplog.text and "SGLang server start #2" in caplog.text
+    assert "restart 1 of at most 2" in caplog.text
+    assert process_gone(pid)
+
+
+def test_a_server_that_keeps_dying_exhausts_the_restarts(tiny_model_dir, clusters, tmp_path: Path):
+    # Every server dies on its third request: the two steering probes pass, work never does.
+    config = sglang_config(tmp_path / "run", tiny_model_dir, "--fake-crash-after", "2",
+                           sglang_max_restarts=1)
+    engine = SGLangEngine.from_config(config, clusters)
+    try:
+        with pytest.raises(RunError, match=r"CONFIG_SGLANG_MAX_RESTARTS=1.*fake crash on request 3"):
+            engine.generate(requests(ZEROS))
+        assert engine.server_starts == 2
+    finally:
+        engine.close()
+        engine.close()  # idempotent
+
+
+def test_attach_mode_spreads_requests_over_every_url(engine, clusters, reference, tiny_model_dir,
+                                                     tmp_path: Path):
+    launched = engine.urls[0]  # the shared engine's server, plus one more
+    with SGLangServer(sglang_config(tmp_path / "server", tiny_model_dir)) as second:
+        urls = (launched, second.url)
+        attach = sglang_config(tmp_path / "run", tiny_model_dir, sglang_urls=urls)
+        with SGLangEngine.from_config(attach, clusters) as attached:
+            before = [fake_stats(url)["generate_requests"] for url in urls]
+            batch = requests(ZEROS, EOS_SOONER)
+            results = attached.generate(batch)
+            assert attached.server_starts == 0
+        after = [fake_stats(url)["generate_requests"] for url in urls]
+        served = [a - b for a, b in zip(after, before)]
+        assert all(n > 0 for n in served) and sum(served) == len(batch)
+        assert results == [reference[r] for r in batch]
+        assert second.alive() and engine.server.alive(), "closing an attached engine leaves servers up"
+
+
+def test_attach_mode_retries_on_the_next_url_when_one_is_down(engine, clusters, reference):
+    dead = f"http://127.0.0.1:{free_port()}"
+    attached = SGLangEngine([dead, engine.urls[0]], clusters, lambda p: p, temperature=0.0,
+                            max_new_tokens=MAX_NEW, concurrency=2, request_timeout=60.0)
+    batch = requests(ZEROS)
+    assert attached.generate(batch) == [reference[r] for r in batch]
+    attached.close()
+
+
+def test_attach_to_an_unreachable_url_is_a_clear_error(tiny_model_dir, clusters, tmp_path: Path):
+    dead = f"http://127.0.0.1:{free_port()}"
+    config = sglang_config(tmp_path / "run", tiny_model_dir, sglang_urls=(dead,))
+    with pytest.raises(RunError, match=f"CONFIG_SGLANG_URLS: cannot reach {dead}"):
+        SGLangEngine.from_config(config, clusters)
+
+
+def test_a_server_without_the_processor_flag_is_reported(tiny_model_dir, clusters, tmp_path: Path):
+    port = free_port()
+    # Attached, so nothing adds --enable-custom-logit-processor for us.
+    server = subprocess.Popen([sys.executable, str(FAKE_SERVER), "--model-path", str(tiny_model_dir),
+                               "--port", str(port)], stdout=subprocess.DEVNULL)
+    try:
+        config = sglang_config(tmp_path / "run", tiny_model_dir, sglang_urls=(f"http://127.0.0.1:{port}",),
+                               sglang_startup_timeout=10.0)
+        _wait_until_up(config.sglang_urls[0], server)
+        with pytest.raises(RunError, match="HTTP 400.*--enable-custom-logit-processor"):
+            SGLangEngine.from_config(config, clusters)
+    finally:
+        server.kill()
+        server.wait()
+
+
+def _wait_until_up(url: str, process: subprocess.Popen) -> None:
+    for _ in range(200):
+        assert process.poll() is None, "the fake server died"
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            time.sleep(0.05)
+    raise AssertionError(f"{url} never came up")
+
+
+def test_a_cluster_map_for_another_tokenizer_is_refused(tiny_model_dir, clusters, tmp_path: Path):
+    short = dataclasses.replace(clusters, token_clusters=clusters.token_clusters[:-1])
+    with pytest.raises(ConfigError, match="rerun build-clusters"):
+        SGLangEngine.from_config(sglang_config(tmp_path / "run", tiny_model_dir), short)
+
+
+def test_prompts_go_through_the_chat_template_when_the_model_has_one(tiny_model_dir):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    assert render_prompt(tokenizer, "How much?") == "How much?"
+    tokenizer.chat_template = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>"
+                               "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}")
+    assert render_prompt(tokenizer, "How much?") == "<user>How much?</user><assistant>"
+
+
+def test_a_server_that_ignores_the_deltas_is_refused_before_any_work(engine, clusters, tiny_model_dir,
+                                                                    tmp_path: Path):
+    # The processor cannot read this map on the server, so it leaves every row unchanged.
+    elsewhere = tmp_path / "elsewhere" / "token_clusters.npy"
+    unreadable = dataclasses.replace(clusters, token_clusters_path=elsewhere)
+    config = sglang_config(tmp_path / "run", tiny_model_dir, sglang_urls=engine.urls)
+    with pytest.raises(RunError, match="ignores the steering deltas.*elsewhere/token_clusters.npy"):
+        SGLangEngine.from_config(config, unreadable)
