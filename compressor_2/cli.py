@@ -7,7 +7,9 @@ Exit codes: 0 success, 2 usage or config error, 1 run failure, 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -101,8 +103,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _raise_interrupt(signum: int, frame: object) -> None:
+    del signum, frame
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # Our own progress lines (server starts, restarts) at INFO; libraries (httpx logs every
+    # request at INFO) only from WARNING.
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("compressor_2").setLevel(logging.DEBUG if args.debug else logging.INFO)
+    # SIGTERM takes Ctrl+C's path, so servers are stopped and state is saved either way.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         config = load_config(args.config)
         args.run(config, args)
