@@ -7,6 +7,7 @@ Exit codes: 0 success, 2 usage or config error, 1 run failure, 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
@@ -61,14 +62,20 @@ def _generate_processor(config: Config, args: argparse.Namespace) -> None:
 def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--deltas", type=Path, default=None,
                         help="delta JSON to evaluate (default: all zeros, the unsteered baseline)")
+    parser.add_argument("--data", type=Path, default=None,
+                        help="FinanceBench-shaped JSONL to evaluate on (default: CONFIG_FINANCEBENCH_JSONL_PATH), "
+                        "e.g. held-out questions")
     parser.add_argument("--indices", default=None,
                         help="'all' or indices/ranges such as '0,3,5-9' (default: the training pool)")
-    parser.add_argument("--out", type=Path, default=None, help="write per-example records as JSON here")
+    parser.add_argument("--out", type=Path, default=None, help="write per-example records as JSON here "
+                        "(default: CONFIG_OUTPUT_DIR/evaluation_<deltas file name or baseline>.json)")
 
 
 def _evaluate(config: Config, args: argparse.Namespace) -> None:
     from compressor_2.evaluate import run_evaluate
 
+    if args.data is not None:
+        config = dataclasses.replace(config, financebench_jsonl_path=args.data)
     run_evaluate(config, deltas_path=args.deltas, indices=args.indices, out=args.out)
 
 

@@ -1,0 +1,35 @@
+"""CONFIG_ENGINE_* -> an engine: a name -> factory dict, imported lazily so the SGLang
+path costs nothing (and needs nothing) when the transformers engine is chosen."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from compressor_2.engines.base import Engine
+
+if TYPE_CHECKING:
+    from compressor_2.clusters.build import ClusterSet
+    from compressor_2.config import Config
+
+EngineFactory = Callable[["Config", "ClusterSet"], Engine]
+
+
+def _transformers(config: Config, clusters: ClusterSet) -> Engine:
+    from compressor_2.engines.transformers_engine import TransformersEngine
+
+    return TransformersEngine.from_config(config, clusters)
+
+
+def _sglang(config: Config, clusters: ClusterSet) -> Engine:
+    from compressor_2.engines.sglang_engine import SGLangEngine
+
+    return SGLangEngine.from_config(config, clusters)
+
+
+ENGINES: dict[str, EngineFactory] = {"transformers": _transformers, "sglang": _sglang}
+
+
+def make_engine(config: Config, clusters: ClusterSet) -> Engine:
+    """The configured engine, ready to generate; the caller closes it."""
+    return ENGINES[config.engine](config, clusters)

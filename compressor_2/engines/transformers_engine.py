@@ -1,0 +1,171 @@
+"""The embedded engine: the model in this process, greedy padded batches, one bias row per sequence.
+
+Requests are sorted by prompt length before batching so a batch pads little, and
+each row carries its own deltas, so a whole generation of individuals shares batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessorList, PreTrainedModel
+
+from compressor_2.engines.base import Generation, GenerationRequest, Progress
+from compressor_2.errors import ConfigError
+from compressor_2.steering.hf_processor import DeltaBiasProcessor
+
+if TYPE_CHECKING:
+    from compressor_2.clusters.build import ClusterSet
+    from compressor_2.config import Config
+
+T = TypeVar("T")
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' is the GPU when there is one, else the CPU."""
+    if name.strip() == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name.strip())
+    except RuntimeError:
+        raise ConfigError(f"CONFIG_TRANSFORMERS_DEVICE={name!r} is not a torch device") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"CONFIG_TRANSFORMERS_DEVICE={name!r} but torch sees no CUDA GPU (use auto or cpu)")
+    return device
+
+
+def _load(loader: Callable[..., T], model_path: str, **kwargs: object) -> T:
+    try:
+        return loader(model_path, **kwargs)
+    except (OSError, ValueError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(f"CONFIG_MODEL_PATH={model_path!r}: cannot load the model: {first}") from None
+
+
+class TransformersEngine:
+    """Implements `Engine` with a Hugging Face causal LM loaded through `from_pretrained`."""
+
+    def __init__(self, model_path: str, token_clusters: np.ndarray, num_clusters: int, *,
+                 batch_size: int = 32, max_new_tokens: int = 256, temperature: float = 0.0,
+                 device: str = "auto") -> None:
+        self.model_path = model_path
+        self.num_clusters = num_clusters
+        self.batch_size = batch_size
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self.device = resolve_device(device)
+        self.tokenizer = _load(AutoTokenizer.from_pretrained, model_path)
+        # Counted as build-clusters counts it (a vocabulary may have holes in its ids).
+        vocab_size = max(len(self.tokenizer), max(self.tokenizer.get_vocab().values(), default=-1) + 1)
+        if len(token_clusters) != vocab_size:
+            raise ConfigError(
+                f"the cluster map covers {len(token_clusters)} tokens but the tokenizer of "
+                f"{model_path!r} has {vocab_size}: rerun build-clusters for this model"
+            )
+        # On a GPU keep the checkpoint's half precision; on a CPU float32 is the fast path.
+        dtype = "auto" if self.device.type == "cuda" else torch.float32
+        self.model: PreTrainedModel | None = _load(AutoModelForCausalLM.from_pretrained, model_path, dtype=dtype)
+        self.model.to(self.device).eval()
+        self.token_clusters = torch.as_tensor(np.asarray(token_clusters, dtype=np.int64), device=self.device)
+        self.tokenizer.padding_side = "left"
+        self.eos_ids = self._eos_ids()
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.convert_ids_to_tokens(self.eos_ids[0])
+        self.context = getattr(self.model.config, "max_position_embeddings", None)
+
+    @classmethod
+    def from_config(cls, config: Config, clusters: ClusterSet) -> TransformersEngine:
+        return cls(
+            config.model_path, clusters.token_clusters, len(clusters.cluster_ids),
+            batch_size=config.transformers_batch_size, max_new_tokens=config.max_new_tokens,
+            temperature=config.temperature, device=config.transformers_device,
+        )
+
+    def _eos_ids(self) -> list[int]:
+        """The ids generation stops at: generation_config's (int or list) and the tokenizer's."""
+        configured = self.model.generation_config.eos_token_id
+        ids = [configured] if isinstance(configured, int) else list(configured or [])
+        if self.tokenizer.eos_token_id is not None:
+            ids.append(self.tokenizer.eos_token_id)
+        ids = list(dict.fromkeys(ids))
+        if not ids:
+            raise ConfigError(f"CONFIG_MODEL_PATH={self.model_path!r}: the model defines no EOS token")
+        return ids
+
+    def encode(self, prompt: str) -> list[int]:
+        """The prompt's token ids, inside the model's chat template when it has one."""
+        if self.tokenizer.chat_template:
+            text = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
+            # The template already carries the special tokens it wants.
+            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self.tokenizer(prompt)["input_ids"]
+
+    def generate(self, requests: Sequence[GenerationRequest],
+                 progress: Progress | None = None) -> list[Generation]:
+        if self.model is None:
+            raise RuntimeError("the engine is closed")
+        for i, request in enumerate(requests):
+            if len(request.deltas) != self.num_clusters:
+                raise ValueError(f"request {i}: {len(request.deltas)} deltas for {self.num_clusters} clusters")
+        encoded = [self.encode(r.prompt) for r in requests]
+        self._check_context(requests, encoded)
+        order = sorted(range(len(requests)), key=lambda i: len(encoded[i]))
+        results: list[Generation | None] = [None] * len(requests)
+        for start in range(0, len(order), self.batch_size):
+            batch = order[start:start + self.batch_size]
+            outputs = self._generate_batch([encoded[i] for i in batch], [requests[i].deltas for i in batch])
+            for i, generation in zip(batch, outputs):
+                results[i] = generation
+            if progress is not None:
+                progress(len(batch))
+        return [r for r in results if r is not None]
+
+    def _check_context(self, requests: Sequence[GenerationRequest], encoded: list[list[int]]) -> None:
+        if self.context is None:
+            return
+        for i, ids in enumerate(encoded):
+            if len(ids) + self.max_new_tokens > self.context:
+                # The prompt's end is the question in the default template: it names the example.
+                raise ConfigError(
+                    f"request {i} (prompt ending {requests[i].prompt[-60:]!r}): a prompt of "
+                    f"{len(ids)} tokens plus CONFIG_MAX_NEW_TOKENS="
+                    f"{self.max_new_tokens} exceeds the model's context of {self.context} tokens; "
+                    "lower CONFIG_EVIDENCE_MAX_CHARS or CONFIG_MAX_NEW_TOKENS"
+                )
+
+    @torch.inference_mode()
+    def _generate_batch(self, encoded: list[list[int]], deltas: list[tuple[float, ...]]) -> list[Generation]:
+        padded = self.tokenizer.pad({"input_ids": encoded}, padding=True, return_tensors="pt").to(self.device)
+        processors = LogitsProcessorList()
+        # An all-zero batch (the unsteered baseline) needs no processor at all.
+        if any(any(row) for row in deltas):
+            rows = torch.tensor(deltas, dtype=torch.float32, device=self.device)
+            processors.append(DeltaBiasProcessor(rows, self.token_clusters))
+        sampling = {"do_sample": True, "temperature": self.temperature, "top_p": 1.0, "top_k": 0} \
+            if self.temperature > 0 else {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+        output = self.model.generate(
+            **padded, logits_processor=processors, max_new_tokens=self.max_new_tokens,
+            eos_token_id=self.eos_ids, pad_token_id=self.tokenizer.pad_token_id, **sampling,
+        )
+        new_tokens = output[:, padded["input_ids"].shape[1]:].tolist()
+        return [self._finish(row) for row in new_tokens]
+
+    def _finish(self, tokens: list[int]) -> Generation:
+        """Cut at the first EOS; like SGLang's completion_tokens, the EOS itself counts."""
+        eos = set(self.eos_ids)
+        end = next((k for k, t in enumerate(tokens) if t in eos), None)
+        answer = tokens if end is None else tokens[:end]
+        text = self.tokenizer.decode(answer, skip_special_tokens=True)
+        return Generation(text=text, completion_tokens=len(tokens) if end is None else end + 1)
+
+    def close(self) -> None:
+        if self.model is None:
+            return
+        on_gpu = self.device.type == "cuda"
+        self.model = None
+        if on_gpu:
+            torch.cuda.empty_cache()

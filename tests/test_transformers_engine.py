@@ -1,0 +1,161 @@
+"""The in-process engine on a tiny random GPT-2 loaded through `from_pretrained`."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from compressor_2.engines.base import GenerationRequest
+from compressor_2.engines.transformers_engine import TransformersEngine
+from compressor_2.errors import ConfigError
+from compressor_2.steering.hf_processor import DeltaBiasProcessor
+
+PROMPTS = [
+    "Revenue was",
+    "Yes. The company operating margin exceeded 20% in 2019 and",
+    "No",
+    "Total assets",
+    "The answer is 1.9%",
+    "net income was 5,363",
+]
+MAX_NEW = 40
+
+
+@pytest.fixture(scope="module")
+def eos_prone_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with its (tied) EOS embedding scaled up, so that unsteered greedy
+    decoding stops early on some prompts and runs to the limit on others: both
+    directions of the EOS delta then have room to show."""
+    directory = tmp_path_factory.mktemp("eos_prone")
+    shutil.copytree(tiny_model_dir, directory, dirs_exist_ok=True)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    eos = AutoTokenizer.from_pretrained(tiny_model_dir).eos_token_id
+    with torch.no_grad():
+        model.transformer.wte.weight[eos] *= 8
+    model.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def token_clusters(tiny_model_dir: Path) -> np.ndarray:
+    """Cluster 0: EOS only; clusters 1 and 2: the even and odd ids of everything else."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    clusters = np.arange(len(tokenizer), dtype=np.int64) % 2 + 1
+    clusters[tokenizer.eos_token_id] = 0
+    return clusters
+
+
+def make_engine(model_dir: Path, token_clusters: np.ndarray, batch_size: int = 8) -> TransformersEngine:
+    return TransformersEngine(str(model_dir), token_clusters, 3, batch_size=batch_size,
+                              max_new_tokens=MAX_NEW, device="cpu")
+
+
+def requests(deltas: tuple[float, ...], prompts: list[str] = PROMPTS) -> list[GenerationRequest]:
+    return [GenerationRequest(p, deltas) for p in prompts]
+
+
+def test_eos_delta_shortens_when_positive_and_lengthens_when_negative(eos_prone_model_dir, token_clusters):
+    engine = make_engine(eos_prone_model_dir, token_clusters)
+    baseline = [g.completion_tokens for g in engine.generate(requests((0.0, 0.0, 0.0)))]
+    boosted = engine.generate(requests((30.0, 0.0, 0.0)))
+    suppressed = [g.completion_tokens for g in engine.generate(requests((-30.0, 0.0, 0.0)))]
+
+    assert 1 < np.mean(baseline) < MAX_NEW, "the fixture must leave room in both directions"
+    # EOS first: one token, counted like SGLang's completion_tokens, and no text.
+    assert [(g.completion_tokens, g.text) for g in boosted] == [(1, "")] * len(PROMPTS)
+    assert suppressed == [MAX_NEW] * len(PROMPTS)
+    assert all(b <= s for b, s in zip(baseline, suppressed))
+
+
+def test_per_row_deltas_in_one_batch_match_one_call_per_vector(eos_prone_model_dir, token_clusters):
+    vectors = [(0.0, 0.0, 0.0), (2.0, 0.0, 0.0), (0.0, 3.0, -3.0), (-30.0, 0.0, 1.5)]
+    engine = make_engine(eos_prone_model_dir, token_clusters, batch_size=len(vectors) * len(PROMPTS))
+    mixed = [GenerationRequest(p, v) for v in vectors for p in PROMPTS]
+    together = engine.generate(mixed)
+    separate = [g for v in vectors for g in engine.generate(requests(v))]
+
+    assert together == separate
+    per_vector = [tuple(together[i * len(PROMPTS):(i + 1) * len(PROMPTS)]) for i in range(len(vectors))]
+    assert len(set(per_vector)) == len(vectors), "each vector must steer its own rows differently"
+
+
+def test_left_padded_batch_matches_each_prompt_alone(tiny_model_dir, token_clusters):
+    batched = make_engine(tiny_model_dir, token_clusters, batch_size=len(PROMPTS))
+    alone = make_engine(tiny_model_dir, token_clusters, batch_size=1)
+    deltas = (0.0, 1.0, -1.0)
+    assert len({len(batched.encode(p)) for p in PROMPTS}) > 2, "prompts must need padding"
+
+    assert batched.generate(requests(deltas)) == alone.generate(requests(deltas))
+    # And an unpadded direct greedy call agrees on the longest and shortest prompt.
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    for prompt in (PROMPTS[1], PROMPTS[2]):
+        ids = torch.tensor([batched.encode(prompt)])
+        direct = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                max_new_tokens=MAX_NEW, pad_token_id=1,
+                                logits_processor=[DeltaBiasProcessor(torch.tensor([deltas]),
+                                                                     torch.as_tensor(token_clusters))])
+        expected = batched.tokenizer.decode(direct[0, ids.shape[1]:], skip_special_tokens=True)
+        assert batched.generate([GenerationRequest(prompt, deltas)])[0].text == expected
+
+
+def test_answers_return_in_request_order_with_progress(tiny_model_dir, token_clusters):
+    engine = make_engine(tiny_model_dir, token_clusters, batch_size=4)
+    reordered = list(reversed(PROMPTS))
+    seen: list[int] = []
+    out = engine.generate(requests((0.0, 0.0, 0.0), reordered), progress=seen.append)
+    by_prompt = dict(zip(PROMPTS, engine.generate(requests((0.0, 0.0, 0.0)))))
+
+    assert out == [by_prompt[p] for p in reordered]
+    assert seen == [4, 2]
+
+
+def test_processor_adds_exactly_the_bias_of_each_row():
+    generator = torch.Generator().manual_seed(0)
+    vocab, width = 50, 57  # logits wider than the vocabulary, as in many models
+    clusters = torch.randint(0, 4, (vocab,), generator=generator)
+    deltas = torch.randn(3, 4, generator=generator)
+    processor = DeltaBiasProcessor(deltas, clusters)
+    for _ in range(2):  # the second step reuses the bias built at the first
+        scores = torch.randn(3, width, generator=generator)
+        out = processor(torch.zeros(3, 1, dtype=torch.long), scores.clone())
+        expected = scores.clone()
+        for row in range(3):
+            for token in range(vocab):
+                expected[row, token] += deltas[row, clusters[token]]
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="2 score rows for 3 delta rows"):
+        processor(torch.zeros(2, 1, dtype=torch.long), torch.zeros(2, width))
+
+
+def test_chat_template_wraps_the_prompt(tiny_model_dir, token_clusters, tmp_path):
+    shutil.copytree(tiny_model_dir, tmp_path, dirs_exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    tokenizer.chat_template = ("{% for m in messages %}[user]{{ m['content'] }}{% endfor %}"
+                               "{% if add_generation_prompt %}[assistant]{% endif %}")
+    tokenizer.save_pretrained(tmp_path)
+    engine = make_engine(tmp_path, token_clusters)
+    plain = make_engine(tiny_model_dir, token_clusters)
+
+    assert engine.tokenizer.decode(engine.encode("Revenue was")) == "[user]Revenue was[assistant]"
+    assert plain.tokenizer.decode(plain.encode("Revenue was")) == "Revenue was"
+
+
+def test_bad_inputs_fail_clearly(tiny_model_dir, token_clusters, tmp_path):
+    with pytest.raises(ConfigError, match="CONFIG_TRANSFORMERS_DEVICE='gpu0' is not a torch device"):
+        TransformersEngine(str(tiny_model_dir), token_clusters, 3, device="gpu0")
+    with pytest.raises(ConfigError, match="CONFIG_MODEL_PATH=.*cannot load"):
+        make_engine(tmp_path / "missing", token_clusters)
+    with pytest.raises(ConfigError, match="cluster map covers 10 tokens.*has 300"):
+        make_engine(tiny_model_dir, token_clusters[:10])
+    engine = make_engine(tiny_model_dir, token_clusters)
+    with pytest.raises(ValueError, match="request 1: 2 deltas for 3 clusters"):
+        engine.generate([GenerationRequest("a", (0.0, 0.0, 0.0)), GenerationRequest("b", (0.0, 0.0))])
+    with pytest.raises(ConfigError, match=r"request 0 \(prompt ending 'Revenue was .*'\): a prompt of .* exceeds the model's context of 256"):
+        engine.generate([GenerationRequest("Revenue was " * 200, (0.0, 0.0, 0.0))])
+    engine.close()
+    engine.close()
