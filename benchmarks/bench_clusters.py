@@ -1,0 +1,103 @@
+"""build-clusters: cold build vs warm (cached) rerun, through the real CLI.
+
+A byte-level BPE tokenizer with an 8,000-token vocabulary is trained here on the
+Python standard library's source, so the run needs no download. Three runs of
+`python -m compressor_2 build-clusters` (each a fresh interpreter, as a user runs it):
+
+  cold       empty cluster directory: decode, embed (all-MiniLM-L6-v2), PCA, k-means
+  warm       same inputs again: fingerprint check only
+  k changed  CONFIG_NUM_CLUSTERS changed: PCA and k-means again, embeddings reused
+
+Wall-clock seconds, and the CPU seconds of the child process (steadier on a shared
+machine; embedding and k-means use more than one core, so CPU can exceed wall).
+Run: .venv/bin/python benchmarks/bench_clusters.py
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+VOCAB_SIZE = 4_000
+CORPUS_BYTES = 1_500_000
+
+
+def _corpus() -> list[str]:
+    texts, total = [], 0
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        texts.append(text)
+        total += len(text)
+        if total > CORPUS_BYTES:
+            break
+    return texts
+
+
+def _tokenizer(directory: Path) -> Path:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=["<|endoftext|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>").save_pretrained(directory)
+    return directory
+
+
+def _config(folder: Path, model: Path, clusters: int) -> Path:
+    settings = {
+        "MODEL_PATH": f'"{model}"', "CLUSTER_DIR": f'"{folder / "clusters"}"',
+        "CLUSTER_DESCRIPTIONS_PATH": f'"{folder / "clusters" / "cluster_descriptions.json"}"',
+        "INITIAL_DELTAS_PATH": f'"{folder / "clusters" / "initial_deltas.json"}"',
+        "NUM_CLUSTERS": str(clusters),
+    }
+    lines = [line for line in (REPO / "defconfig").read_text().splitlines()
+             if line.split("=", 1)[0].removeprefix("CONFIG_") not in settings]
+    path = folder / f"k{clusters}.config"
+    path.write_text("\n".join(lines + [f"CONFIG_{k}={v}" for k, v in settings.items()]) + "\n")
+    return path
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _run(config: Path) -> tuple[float, float, str]:
+    """(wall seconds, CPU seconds, the command's last output line)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    start, cpu = time.perf_counter(), _children_cpu()
+    done = subprocess.run([sys.executable, "-m", "compressor_2", "build-clusters", "--config", str(config)],
+                          capture_output=True, text=True, env=env, cwd=config.parent)
+    elapsed, cpu = time.perf_counter() - start, _children_cpu() - cpu
+    if done.returncode != 0:
+        sys.exit(f"build-clusters failed: {done.stderr.strip()}")
+    return elapsed, cpu, done.stdout.strip().splitlines()[-1]
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        model = _tokenizer(folder / "tokenizer")
+        runs = {name: _run(_config(folder, model, k))
+                for name, k in (("cold", 10), ("warm", 10), ("k changed", 12))}
+    print(f"build-clusters on a {VOCAB_SIZE:,}-token byte-level BPE vocabulary (whole CLI runs)")
+    for name, (wall, cpu, line) in runs.items():
+        print(f"  {name:<9} {wall:6.1f} s wall {cpu:6.1f} s CPU   {line}")
+    cold, warm, changed = runs["cold"], runs["warm"], runs["k changed"]
+    print(f"cold / warm = {cold[0] / warm[0]:.1f}x wall, {cold[1] / warm[1]:.1f}x CPU; "
+          f"cold / k changed = {cold[0] / changed[0]:.1f}x wall, {cold[1] / changed[1]:.1f}x CPU")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""`build-clusters`: the tokenizer's vocabulary -> one cluster id per token.
+
+EOS/EOT tokens -> "0", number tokens -> "1" (clusters/special.py); every other token:
+decoded text -> sentence-transformers embedding -> PCA -> k-means label c -> "c + 2".
+
+Cached: the inputs (vocabulary, embedding model, PCA size, k, seed, rule version)
+are fingerprinted; a rerun with the same fingerprint and an intact artifact set only
+prints one line. A rebuild removes the record first and writes it last (see
+clusterset.py), and reuses `embeddings.npy` when only PCA size, k or seed changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from compressor_2.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
+from compressor_2.clusters.clusterset import (
+    FORMAT_VERSION,
+    ArtifactPaths,
+    ClusterSet,
+    changed_input,
+    config_inputs,
+    file_sha256,
+    fingerprint_of,
+    read_cluster_set,
+    read_record,
+    record_problem,
+)
+from compressor_2.clusters.describe import describe_clusters
+from compressor_2.clusters.embed import MAX_PIECES, embed_texts
+from compressor_2.clusters.special import RULES_VERSION, number_token_ids, strip_markers
+from compressor_2.clusters.vocab import Vocabulary, load_vocabulary, tokenizer_files_digest
+from compressor_2.config import Config
+from compressor_2.errors import ConfigError
+from compressor_2.steering.deltas import load_deltas
+
+__all__ = ["ClusterSet", "build_clusters"]
+
+KMEANS_RESTARTS = 4
+
+
+def build_clusters(config: Config, force: bool = False) -> ClusterSet:
+    """Build (or reuse) the clusters of `config.model_path`'s tokenizer; prints one summary line."""
+    started = time.perf_counter()
+    paths = ArtifactPaths.from_config(config)
+    files = tokenizer_files_digest(config.model_path)
+    record = read_record(paths)
+    previous = record if not force and record_problem(record, paths) is None else None
+    if previous is not None and files is not None and previous.get("tokenizer_files") == files \
+            and changed_input(previous.get("inputs", {}), config_inputs(config)) is None:
+        # Same settings, same tokenizer files, same library versions: the same vocabulary,
+        # known without importing transformers (and torch), the warm path's big cost.
+        return _up_to_date(paths, previous, started)
+    vocab = load_vocabulary(config.model_path)
+    inputs = {**config_inputs(config), "vocabulary": vocab.sha256}
+    if previous is not None and previous.get("fingerprint") == fingerprint_of(inputs):
+        if previous.get("tokenizer_files") != files:
+            previous["tokenizer_files"] = files
+            atomic_write_json(paths.record, previous)
+        return _up_to_date(paths, previous, started)
+    return _rebuild(config, paths, vocab, inputs, files, record, started)
+
+
+def _up_to_date(paths: ArtifactPaths, record: dict[str, Any], started: float) -> ClusterSet:
+    clusters = read_cluster_set(paths, record["fingerprint"])
+    if not paths.initial_deltas.exists():
+        record["initial_deltas"] = _sync_initial_deltas(paths, clusters.cluster_ids, record)
+        atomic_write_json(paths.record, record)
+    print(f"clusters up to date: {len(clusters.token_clusters):,} tokens in {len(clusters.cluster_ids)} "
+          f"clusters ({paths.cluster_dir}, {time.perf_counter() - started:.1f}s)")
+    return clusters
+
+
+def _embedding_text(vocab: Vocabulary, token_id: int) -> str:
+    # Sentence encoders ignore the leading space and read `##`/`Ġ` as literal
+    # characters: embed the bare text; whitespace-only tokens as escapes (`\n`, `\t`),
+    # so newlines and tabs do not all embed as the empty string.
+    text = vocab.texts[token_id]
+    return strip_markers(text) or text.encode("unicode_escape").decode("ascii")
+
+
+def _embeddings(config: Config, paths: ArtifactPaths, vocab: Vocabulary) -> tuple[np.ndarray, bool]:
+    """Every token's embedding, reused from disk when the token texts and model match."""
+    key = hashlib.sha256(
+        f"{FORMAT_VERSION}|{RULES_VERSION}|{MAX_PIECES}|{vocab.texts_sha256}|{config.embedding_model}".encode()
+    ).hexdigest()
+    try:
+        if paths.embeddings_fingerprint.read_text(encoding="utf-8").strip() == key:
+            cached = np.load(paths.embeddings, allow_pickle=False)
+            if cached.ndim == 2 and cached.shape[0] == len(vocab):
+                return cached, True
+    except (OSError, ValueError):
+        pass
+    paths.embeddings_fingerprint.unlink(missing_ok=True)
+    embeddings = embed_texts([_embedding_text(vocab, i) for i in range(len(vocab))],
+                             config.embedding_model, config.embed_batch_size)
+    _save_npy(paths.embeddings, embeddings)
+    atomic_write_text(paths.embeddings_fingerprint, key + "\n")
+    return embeddings, False
+
+
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=False)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def _save_joblib(path: Path, obj: object) -> None:
+    import joblib
+
+    buffer = io.BytesIO()
+    joblib.dump(obj, buffer)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def _rebuild(config: Config, paths: ArtifactPaths, vocab: Vocabulary, inputs: dict[str, Any],
+             files: str | None, previous: dict[str, Any] | None, started: float) -> ClusterSet:
+    from sklearn.cluster import KMeans
+    from sklearn.decomposition import PCA
+
+    paths.record.unlink(missing_ok=True)
+    token_clusters = np.full(len(vocab), -1, dtype=np.int64)
+    token_clusters[sorted(vocab.eos_ids)] = 0
+    token_clusters[sorted(number_token_ids(vocab.texts, exclude=vocab.eos_ids))] = 1
+    kmeans_ids = np.flatnonzero(token_clusters < 0)
+    k = config.num_clusters
+    if len(kmeans_ids) < k:
+        raise ConfigError(
+            f"CONFIG_NUM_CLUSTERS={k} is more than the {len(kmeans_ids)} tokens of "
+            f"CONFIG_MODEL_PATH={config.model_path!r} left for k-means"
+        )
+
+    embeddings, reused = _embeddings(config, paths, vocab)
+    selected = embeddings[kmeans_ids]
+    components = min(config.pca_components, *selected.shape)
+    pca = PCA(n_components=components, random_state=config.seed).fit(selected)
+    points = pca.transform(selected)
+    kmeans = KMeans(n_clusters=k, random_state=config.seed, n_init=KMEANS_RESTARTS).fit(points)
+    token_clusters[kmeans_ids] = kmeans.labels_ + 2
+    descriptions = describe_clusters(vocab, token_clusters, points, kmeans.cluster_centers_)
+
+    _save_joblib(paths.pca, pca)
+    _save_joblib(paths.kmeans, kmeans)
+    _save_npy(paths.token_clusters, token_clusters)
+    atomic_write_json(paths.descriptions, descriptions)
+    cluster_ids = tuple(descriptions)
+    record = {
+        "fingerprint": fingerprint_of(inputs),
+        "inputs": inputs,
+        "tokenizer_files": files,
+        "vocab_size": len(vocab),
+        "cluster_ids": list(cluster_ids),
+        "sha256": {str(p): file_sha256(p) for p in (paths.token_clusters, paths.descriptions)},
+        "initial_deltas": _sync_initial_deltas(paths, cluster_ids, previous),
+    }
+    # Last: only now is the set complete.
+    atomic_write_json(paths.record, record)
+
+    counts = np.bincount(token_clusters, minlength=k + 2)
+    pca_note = f"PCA {components}" + (f" (clipped from {config.pca_components})"
+                                      if components < config.pca_components else "")
+    print(
+        f"built {k + 2} clusters for {len(vocab):,} tokens in {time.perf_counter() - started:.1f}s: "
+        f"0 (EOS/EOT) {counts[0]}, 1 (numbers) {counts[1]:,}, 2..{k + 1} k-means over "
+        f"{len(kmeans_ids):,} tokens ({pca_note}{', embeddings reused' if reused else ''}) "
+        f"-> {paths.cluster_dir}"
+    )
+    return read_cluster_set(paths, record["fingerprint"])
+
+
+def _sync_initial_deltas(paths: ArtifactPaths, cluster_ids: tuple[str, ...],
+                         previous: dict[str, Any] | None) -> dict[str, str] | None:
+    """Write all-zero initial deltas when the file is absent, or when it is the untouched
+    file an earlier build wrote (for maybe other cluster ids). A file the user wrote is
+    left alone, with a warning when its ids no longer match. Returns the record entry of
+    a file this build owns."""
+    path = paths.initial_deltas
+    ours = (previous or {}).get("initial_deltas") or {}
+    current = file_sha256(path)
+    if current is None or (ours.get("path") == str(path) and ours.get("sha256") == current):
+        atomic_write_json(path, {cid: 0.0 for cid in cluster_ids})
+        if current is None:
+            print(f"wrote all-zero initial deltas to {path}")
+        return {"path": str(path), "sha256": file_sha256(path) or ""}
+    try:
+        load_deltas(path, cluster_ids)
+    except ConfigError as exc:
+        print(f"warning: {exc} (the clusters are now {', '.join(cluster_ids)}); evolve will refuse it")
+    return None

@@ -1,0 +1,162 @@
+"""The built clusters as the rest of the code sees them, and the artifact layout.
+
+`fingerprint.json` in the cluster directory is written last by a build and removed
+first by a rebuild, so its presence means a complete set. It records the inputs'
+fingerprint and the sha256 of the two artifacts everything downstream reads
+(`token_clusters.npy` and the cluster descriptions), so a half-written or hand-edited
+set is refused rather than trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from compressor_2.clusters.layout import (
+    EMBEDDINGS_FILE,
+    EMBEDDINGS_FINGERPRINT_FILE,
+    FINGERPRINT_FILE,
+    KMEANS_FILE,
+    PCA_FILE,
+    TOKEN_CLUSTERS_FILE,
+)
+from compressor_2.clusters.special import RULES_VERSION
+from compressor_2.config import Config
+from compressor_2.errors import ConfigError
+from compressor_2.steering.deltas import canonical_ids
+
+FORMAT_VERSION = 1
+REBUILD_HINT = "run `python -m compressor_2 build-clusters --config <your .config>`"
+
+
+@dataclass(frozen=True)
+class ClusterSet:
+    cluster_ids: tuple[str, ...]  # canonical order: index i <-> cluster id cluster_ids[i]
+    token_clusters: np.ndarray  # int64, the cluster index of every tokenizer token id
+    token_clusters_path: Path  # absolute
+    descriptions: dict[str, dict]
+    fingerprint: str
+
+
+@dataclass(frozen=True)
+class ArtifactPaths:
+    cluster_dir: Path
+    embeddings: Path
+    embeddings_fingerprint: Path
+    pca: Path
+    kmeans: Path
+    token_clusters: Path
+    record: Path
+    descriptions: Path
+    initial_deltas: Path
+
+    @classmethod
+    def from_config(cls, config: Config) -> ArtifactPaths:
+        d = config.cluster_dir.resolve()
+        return cls(
+            cluster_dir=d,
+            embeddings=d / EMBEDDINGS_FILE,
+            embeddings_fingerprint=d / EMBEDDINGS_FINGERPRINT_FILE,
+            pca=d / PCA_FILE,
+            kmeans=d / KMEANS_FILE,
+            token_clusters=d / TOKEN_CLUSTERS_FILE,
+            record=d / FINGERPRINT_FILE,
+            descriptions=config.cluster_descriptions_path.resolve(),
+            initial_deltas=config.initial_deltas_path.resolve(),
+        )
+
+    def built(self) -> tuple[Path, ...]:
+        return (self.embeddings, self.pca, self.kmeans, self.token_clusters, self.descriptions)
+
+
+def _model_identity(model_path: str) -> str:
+    path = Path(model_path)
+    return str(path.resolve()) if path.exists() else model_path
+
+
+def config_inputs(config: Config) -> dict[str, Any]:
+    """The inputs a config alone determines (checked without loading the tokenizer)."""
+    return {
+        "format": FORMAT_VERSION,
+        "rules": RULES_VERSION,
+        "model_path": _model_identity(config.model_path),
+        "embedding_model": config.embedding_model,
+        "pca_components": config.pca_components,
+        "num_clusters": config.num_clusters,
+        "seed": config.seed,
+    }
+
+
+def fingerprint_of(inputs: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def file_sha256(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except FileNotFoundError:
+        return None
+
+
+def read_record(paths: ArtifactPaths) -> dict[str, Any] | None:
+    try:
+        record = json.loads(paths.record.read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def record_problem(record: dict[str, Any] | None, paths: ArtifactPaths) -> str | None:
+    """Why the recorded set cannot be trusted as it is on disk, or None."""
+    if record is None:
+        return f"no complete cluster set in {paths.cluster_dir}"
+    missing = [p for p in paths.built() if not p.is_file()]
+    if missing:
+        return f"{missing[0]} is missing"
+    hashes = record.get("sha256", {})
+    for path in (paths.token_clusters, paths.descriptions):
+        if hashes.get(str(path)) != file_sha256(path):
+            return f"{path} does not match the build that recorded it (modified or half-written)"
+    return None
+
+
+def changed_input(recorded: dict[str, Any], current: dict[str, Any]) -> str | None:
+    for key, value in current.items():
+        if recorded.get(key) != value:
+            name = {"model_path": "CONFIG_MODEL_PATH", "embedding_model": "CONFIG_EMBEDDING_MODEL",
+                    "pca_components": "CONFIG_PCA_COMPONENTS", "num_clusters": "CONFIG_NUM_CLUSTERS",
+                    "seed": "CONFIG_SEED"}.get(key, f"the {key} version")
+            return f"{name} is {value!r} but the clusters were built with {recorded.get(key)!r}"
+    return None
+
+
+def read_cluster_set(paths: ArtifactPaths, fingerprint: str) -> ClusterSet:
+    descriptions = json.loads(paths.descriptions.read_text(encoding="utf-8"))
+    ids = tuple(canonical_ids(descriptions))
+    token_clusters = np.load(paths.token_clusters, allow_pickle=False).astype(np.int64, copy=False)
+    return ClusterSet(cluster_ids=ids, token_clusters=token_clusters,
+                      token_clusters_path=paths.token_clusters, descriptions=descriptions,
+                      fingerprint=fingerprint)
+
+
+def load_cluster_set(config: Config) -> ClusterSet:
+    """The clusters built for `config`; ConfigError (saying to run build-clusters) when
+    they are missing, incomplete or were built from other settings.
+
+    Checks the settings, not the tokenizer's contents: `build_clusters` does that.
+    """
+    paths = ArtifactPaths.from_config(config)
+    record = read_record(paths)
+    problem = record_problem(record, paths)
+    if problem is None:
+        assert record is not None
+        problem = changed_input(record.get("inputs", {}), config_inputs(config))
+    if problem is not None:
+        raise ConfigError(f"{problem}: {REBUILD_HINT}")
+    assert record is not None
+    return read_cluster_set(paths, record["fingerprint"])

@@ -1,0 +1,64 @@
+"""cluster_descriptions.json: per cluster id a description, its size and 20 representative
+tokens. The reflector reads it to know what each delta steers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from compressor_2.clusters.vocab import Vocabulary
+
+REPRESENTATIVES = 20
+EOS_DESCRIPTION = (
+    "End of sequence / end of turn: the model's EOS/EOT tokens only. "
+    "Raising this delta makes answers stop sooner; lowering it makes them run on."
+)
+NUMBER_DESCRIPTION = (
+    "Numbers and arithmetic: tokens made only of digits, money and percent signs "
+    "($ % ...), operators (+ - * / = ...) and the separators . , ( ) of numbers."
+)
+
+
+def _distinct(vocab: Vocabulary, ids: Iterable[int]) -> list[str]:
+    """Display texts of `ids` in order, without repeats, at most REPRESENTATIVES."""
+    seen: dict[str, None] = {}
+    for i in ids:
+        seen.setdefault(vocab.display(int(i)), None)
+        if len(seen) == REPRESENTATIVES:
+            break
+    return list(seen)
+
+
+def _entry(description: str, size: int, tokens: list[str]) -> dict:
+    return {"description": description, "size": size, "tokens": tokens}
+
+
+def describe_clusters(
+    vocab: Vocabulary,
+    token_clusters: np.ndarray,
+    points: np.ndarray,
+    centers: np.ndarray,
+) -> dict[str, dict]:
+    """`points[j]` is the reduced embedding of the j-th k-means token (ascending id);
+    `centers[c]` the centre of k-means label c, i.e. cluster id c + 2."""
+    eos = np.flatnonzero(token_clusters == 0)
+    numbers = np.flatnonzero(token_clusters == 1)
+    descriptions = {
+        # Lower ids of BPE vocabularies were merged earlier: the commoner tokens first.
+        "0": _entry(EOS_DESCRIPTION, len(eos), _distinct(vocab, eos)),
+        "1": _entry(NUMBER_DESCRIPTION, len(numbers), _distinct(vocab, numbers)),
+    }
+    kmeans_ids = np.flatnonzero(token_clusters >= 2)
+    labels = token_clusters[kmeans_ids] - 2
+    for label, center in enumerate(centers):
+        members = np.flatnonzero(labels == label)
+        distance = np.linalg.norm(points[members] - center, axis=1)
+        nearest = kmeans_ids[members[np.argsort(distance, kind="stable")]]
+        tokens = _distinct(vocab, nearest)
+        shown = ", ".join(repr(t) for t in tokens[:8])
+        descriptions[str(label + 2)] = _entry(
+            f"k-means cluster of {len(members):,} tokens; nearest its centre: {shown}",
+            len(members), tokens,
+        )
+    return descriptions

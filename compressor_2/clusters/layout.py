@@ -1,0 +1,10 @@
+"""File names of the cluster artifacts: shared by the build and the SGLang processor,
+which must import without the rest of compressor_2's dependencies."""
+
+EMBEDDINGS_FILE = "embeddings.npy"
+EMBEDDINGS_FINGERPRINT_FILE = "embeddings.fingerprint"
+PCA_FILE = "pca.joblib"
+KMEANS_FILE = "labels_kmeans.joblib"
+TOKEN_CLUSTERS_FILE = "token_clusters.npy"
+# Written last by a build, removed first by a rebuild: present = a complete set.
+FINGERPRINT_FILE = "fingerprint.json"

@@ -1,0 +1,215 @@
+"""The SGLang custom logit processor: each row's logits + that row's cluster deltas.
+
+SGLang calls `SteeringProcessor()(logits, custom_param_list)` once per decode step for
+the rows that sent this processor's string, one `custom_params` entry per row:
+
+    {"deltas": [d0, d1, ...],                   # canonical cluster order
+     "token_clusters": "/abs/token_clusters.npy",  # optional: the cluster map
+     "fingerprint": "<build fingerprint>"}       # optional: checked against the map
+
+A row without params (None, or a dict without "deltas") gets the class's baked-in
+`default_deltas`; a row without "token_clusters" uses the class's embedded
+`default_cluster_map`. `generate-processor` bakes both into a standalone copy of this
+class; here both are empty, so such rows stay unsteered.
+
+It never raises: an exception inside a processor kills the SGLang server. A row with
+bad params is left unchanged and the problem is logged once per server process.
+
+The class is self-contained on purpose (imports inside methods, state on the class,
+the arithmetic in `apply_bias`), so the same source also works pickled by value:
+dill sends the class and what its methods reference, never this module's globals.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import zlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from compressor_2.clusters.layout import FINGERPRINT_FILE
+from compressor_2.steering.bias import apply_bias
+
+if TYPE_CHECKING:
+    from compressor_2.clusters.clusterset import ClusterSet
+
+
+class SteeringProcessor:
+    """SGLang custom logit processor adding per-cluster deltas (plain class: SGLang
+    accepts any callable class, and clients then need only dill, not sglang)."""
+
+    default_deltas: tuple[float, ...] = ()
+    # "<torch dtype>:<base64 of zlib of the little-endian id array>", see encode_cluster_map.
+    default_cluster_map: str = ""
+    fingerprint_file: str = FINGERPRINT_FILE
+    # Class-level on purpose: SGLang makes a new instance per request.
+    _maps: dict = {}
+    _warned: set = set()
+
+    def __call__(self, logits: Any, custom_param_list: Sequence[Any] | None = None) -> Any:
+        try:
+            return type(self)._steer(logits, custom_param_list)
+        except Exception as exc:  # noqa: BLE001 - an exception here kills the SGLang server
+            type(self)._warn_once(f"steering skipped for a batch: {type(exc).__name__}: {exc}")
+            return logits
+
+    @classmethod
+    def to_str(cls) -> str:
+        """The `custom_logit_processor` request field: SGLang's own `to_str` format.
+
+        A class from an importable module goes by reference (the server imports it);
+        one defined in `__main__` goes by value (same Python minor version needed).
+        `recurse` sends only the globals the methods use, such as `apply_bias`."""
+        import dill
+
+        # By value the class attributes travel too: send an empty cache, not the
+        # tensors this process may have loaded (they reload on first use).
+        cls._maps.clear()
+        return json.dumps({"callable": dill.dumps(cls, recurse=True).hex()})
+
+    @classmethod
+    def _warn_once(cls, message: str) -> None:
+        if message not in cls._warned:
+            cls._warned.add(message)
+            import logging
+
+            logging.getLogger("compressor_2.steering").warning("%s (logged once)", message)
+
+    @classmethod
+    def _steer(cls, logits: Any, custom_param_list: Sequence[Any] | None) -> Any:
+        import torch
+
+        rows = logits.shape[0]
+        params_list = [None] * rows if custom_param_list is None else list(custom_param_list)
+        if len(params_list) != rows:
+            cls._warn_once(f"{len(params_list)} custom_params for {rows} logit rows: batch left unchanged")
+            return logits
+        groups: dict[Any, dict[int, list[float]]] = {}
+        for row, params in enumerate(params_list):
+            plan = cls._row_plan(params)
+            if plan is not None:
+                groups.setdefault(plan[0], {})[row] = plan[1]
+        for key, row_deltas in groups.items():
+            loaded = cls._cluster_map(key, logits.device)
+            if loaded is None:
+                continue
+            clusters, needed = loaded
+            usable = {}
+            for row, deltas in row_deltas.items():
+                if len(deltas) < needed:
+                    cls._warn_once(f"{len(deltas)} deltas for a cluster map with {needed} clusters: "
+                                   "row left unchanged")
+                else:
+                    usable[row] = deltas
+            if not usable:
+                continue
+            width = max(len(d) for d in usable.values())
+            matrix = [[0.0] * width for _ in range(rows)]
+            for row, deltas in usable.items():
+                matrix[row][: len(deltas)] = deltas
+            apply_bias(logits, torch.tensor(matrix, dtype=logits.dtype), clusters)
+        return logits
+
+    @classmethod
+    def _row_plan(cls, params: Any) -> tuple[Any, list[float]] | None:
+        """(cluster map key, deltas) for one row, or None to leave the row unchanged."""
+        if params is None:
+            params = {}
+        if not isinstance(params, dict):
+            cls._warn_once(f"custom_params is a {type(params).__name__}, not a dict: row left unchanged")
+            return None
+        deltas = params.get("deltas", cls.default_deltas)
+        if not isinstance(deltas, (list, tuple)) or not all(
+            isinstance(d, (int, float)) and not isinstance(d, bool) and math.isfinite(d) for d in deltas
+        ):
+            cls._warn_once("custom_params['deltas'] is not a list of finite numbers: row left unchanged")
+            return None
+        if not any(deltas):
+            return None  # all zero (or none): the unsteered row needs no work
+        path = params.get("token_clusters")
+        if path is None:
+            key: Any = ("embedded", cls.default_cluster_map)
+        elif isinstance(path, str):
+            key = ("path", path, str(params.get("fingerprint", "")))
+        else:
+            cls._warn_once("custom_params['token_clusters'] is not a path string: row left unchanged")
+            return None
+        return key, [float(d) for d in deltas]
+
+    @classmethod
+    def _cluster_map(cls, key: Any, device: Any) -> tuple[Any, int] | None:
+        """(cluster map on `device`, number of clusters it uses), loaded once per process;
+        None when unusable. The count is kept so no step pays a device sync for it."""
+        cache_key = (key, str(device))
+        if cache_key not in cls._maps:
+            try:
+                clusters = cls._load_map(key)
+                cls._maps[cache_key] = None if clusters is None else (
+                    clusters.to(device), int(clusters.max()) + 1 if clusters.numel() else 0)
+            except Exception as exc:  # noqa: BLE001 - see __call__
+                name = "embedded in the class" if key[0] == "embedded" else key[1]
+                cls._warn_once(f"cannot load the cluster map {name}: {type(exc).__name__}: {exc}")
+                cls._maps[cache_key] = None
+        return cls._maps[cache_key]
+
+    @classmethod
+    def _load_map(cls, key: Any) -> Any:
+        import torch
+
+        if key[0] == "embedded":
+            if not key[1]:
+                cls._warn_once("no cluster map: the row has no 'token_clusters' and the class embeds none")
+                return None
+            dtype, _, payload = key[1].partition(":")
+            raw = bytearray(zlib.decompress(base64.b64decode(payload)))
+            clusters = torch.frombuffer(raw, dtype=getattr(torch, dtype)).long()
+        else:
+            import os
+
+            import numpy
+
+            _, path, fingerprint = key
+            if fingerprint:
+                record_path = os.path.join(os.path.dirname(path), cls.fingerprint_file)
+                with open(record_path, encoding="utf-8") as handle:
+                    built = json.load(handle).get("fingerprint")
+                if built != fingerprint:
+                    # Rebuilt since the client read it: these deltas mean other clusters.
+                    raise ValueError(f"{path} now holds clusters {built!r}, not {fingerprint!r}")
+            array = numpy.load(path, allow_pickle=False)
+            if array.ndim != 1 or array.dtype.kind not in "iu":
+                raise ValueError(f"{path} is not a 1-D integer array")
+            clusters = torch.from_numpy(array.astype("int64"))
+        if clusters.numel() and int(clusters.min()) < 0:
+            raise ValueError("negative cluster id in the cluster map")
+        return clusters
+
+
+def encode_cluster_map(token_clusters: np.ndarray) -> str:
+    """`SteeringProcessor.default_cluster_map` for an int array: the smallest integer
+    dtype, zlib, base64 (a 152k-token map with 12 clusters is ~100 kB of text)."""
+    top = int(token_clusters.max(initial=0))
+    dtype = "uint8" if top < 2**8 else "int16" if top < 2**15 else "int32"
+    raw = np.ascontiguousarray(token_clusters, dtype=np.dtype(dtype).newbyteorder("<")).tobytes()
+    return f"{dtype}:{base64.b64encode(zlib.compress(raw, 9)).decode('ascii')}"
+
+
+def processor_spec() -> str:
+    """The `custom_logit_processor` string for a server that can import compressor_2
+    (the CLI starts its server in this environment): the class by reference, ~150 bytes."""
+    return SteeringProcessor.to_str()
+
+
+def custom_params(deltas: Sequence[float], clusters: ClusterSet) -> dict[str, Any]:
+    """One request's `sampling_params.custom_params` for `processor_spec()`."""
+    if len(deltas) != len(clusters.cluster_ids):
+        raise ValueError(f"{len(deltas)} deltas for {len(clusters.cluster_ids)} clusters")
+    return {
+        "deltas": [float(d) for d in deltas],
+        "token_clusters": str(clusters.token_clusters_path),
+        "fingerprint": clusters.fingerprint,
+    }
