@@ -16,7 +16,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     try:
         # mkstemp makes 0600 files; give the usual umask-based mode so that, e.g., an SGLang
         # server running as another user can read token_clusters.npy.
-        os.fchmod(fd, 0o666 & ~_umask())
+        os.fchmod(fd, 0o666 & ~_UMASK)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
@@ -33,10 +33,14 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         os.close(dir_fd)
 
 
-def _umask() -> int:
+def _read_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+# Read once at import: os.umask can only be read by setting it, which races with threads.
+_UMASK = _read_umask()
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
