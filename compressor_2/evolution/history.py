@@ -1,0 +1,68 @@
+"""history.json: one entry per generation g, describing the population entering g (what
+selection saw) and the work g did; the last entry is the final population."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from compressor_2.atomic import atomic_write_json
+from compressor_2.errors import ConfigError
+
+HISTORY_FILE = "history.json"
+
+
+@dataclass
+class Work:
+    """What one generation did; counts the seed's §1 quantities."""
+
+    evaluations_run: int = 0  # genomes generated and judged
+    cache_hits: int = 0  # genomes served from the cache
+    parents: int = 0
+    children: int = 0
+    crossovers: int = 0
+    clones: int = 0
+    mutations: int = 0  # mutations that changed a child (evaluated a second time)
+    mutations_skipped: int = 0  # MUTPB fired but both reflector attempts were invalid
+    reflector_calls: int = 0
+    reflector_prompt_tokens: int = 0
+    reflector_completion_tokens: int = 0
+    seconds: float = 0.0
+
+
+def population_stats(generation: int, population: Sequence[Any], best_ever: float) -> dict[str, Any]:
+    fitness = [ind.fitness.values[0] for ind in population]
+    best = population[max(range(len(population)), key=fitness.__getitem__)]
+    return {
+        "generation": generation,
+        "best_fitness": max(fitness),
+        "mean_fitness": sum(fitness) / len(fitness),
+        "min_fitness": min(fitness),
+        "mean_tokens": sum(ind.evaluation.mean_tokens for ind in population) / len(population),
+        "correctness": sum(ind.evaluation.correctness for ind in population) / len(population),
+        "best_mean_tokens": best.evaluation.mean_tokens,
+        "best_correctness": best.evaluation.correctness,
+        "best_ever_fitness": best_ever,
+    }
+
+
+def entry(stats: dict[str, Any], work: Work) -> dict[str, Any]:
+    return {**stats, **asdict(work)}
+
+
+def load_history(path: Path, before: int) -> list[dict[str, Any]]:
+    """The entries of generations < `before` (a resumed run rewrites the rest)."""
+    if not path.exists():
+        return []
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8"))
+        return [e for e in entries if e["generation"] < before]
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise ConfigError(f"'{path}' cannot be read ({exc}); move it away to continue without it") from None
+
+
+def save_history(path: Path, entries: Sequence[dict[str, Any]]) -> None:
+    atomic_write_json(path, list(entries))

@@ -1,0 +1,115 @@
+"""DEAP types and the toolbox (seed 000 §1, §6.5, §8).
+
+An individual is a list of deltas in canonical cluster order with two attributes:
+`scratchpad` (the lineage's notes) and `evaluation` (its training answers, or None while
+its fitness is invalid). Both live on the individual because deepcopy keeps instance
+attributes but drops extras stored on the fitness object.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, Future
+from typing import Any
+
+from deap import base, creator
+
+from compressor_2.evolution.operators import RRState, Selection, next_target, weighted_average
+from compressor_2.fitness import Evaluation, Evaluator
+from compressor_2.reflector.base import MergeRequest, MutationRequest, MutationResult, Reflector
+from compressor_2.steering.deltas import to_dict
+
+if not hasattr(creator, "FitnessMax"):
+    creator.create("FitnessMax", base.Fitness, weights=(1.0,))
+if not hasattr(creator, "Individual"):
+    creator.create("Individual", list, fitness=creator.FitnessMax)
+
+Individual = Any  # creator.Individual: a list subclass made at runtime
+
+
+def new_individual(deltas: Sequence[float], scratchpad: str = "") -> Individual:
+    ind = creator.Individual(float(x) for x in deltas)
+    ind.scratchpad = scratchpad
+    ind.evaluation = None
+    return ind
+
+
+def initial_population(initial: Sequence[float], size: int) -> list[Individual]:
+    """Seed 000 §1: the initial deltas cloned `size` times, with empty scratchpads."""
+    template = new_individual(initial)
+    return [copy.deepcopy(template) for _ in range(size)]
+
+
+def invalidate(ind: Individual) -> None:
+    """Seed 000 §8: whenever a genome is created or changed, its fitness goes."""
+    del ind.fitness.values
+    ind.evaluation = None
+
+
+def fitness(ind: Individual) -> float:
+    return ind.fitness.values[0]
+
+
+def evaluate(evaluator: Evaluator, individuals: Sequence[Individual],
+             progress: Callable[[int], None] | None = None) -> list[Evaluation]:
+    """All `individuals` in one `Evaluator.evaluate` call (one engine call); sets fitness."""
+    evaluations = evaluator.evaluate([tuple(ind) for ind in individuals], progress)
+    for ind, evaluation in zip(individuals, evaluations):
+        ind.fitness.values = (evaluation.fitness,)
+        ind.evaluation = evaluation
+    return evaluations
+
+
+def mate(a: Individual, b: Individual, *, reflector: Reflector, generation: int, child: int,
+         parents: tuple[int, int]) -> Individual:
+    """Seed 000 §4: ONE child, the fitness-weighted average of A and B, with the scratchpad
+    the reflector merges from theirs."""
+    offspring = copy.deepcopy(a)
+    offspring[:] = weighted_average(a, b, fitness(a), fitness(b))
+    merged = reflector.merge(MergeRequest(generation, child, parents, a.scratchpad, fitness(a),
+                                          b.scratchpad, fitness(b)))
+    offspring.scratchpad = merged.scratchpad
+    invalidate(offspring)
+    return offspring
+
+
+def make_mutate(rr_state: RRState, reflector: Reflector, cluster_ids: Sequence[str],
+                pool: Executor) -> Callable[..., Future[MutationResult]]:
+    """Seed 000 §3: the mutate closure over the driver's `rr_state`.
+
+    Calling it draws the round-robin target at once, so calling it in offspring order
+    fixes the targets in that order; the reflector call then runs in `pool` (up to
+    CONFIG_REFLECTOR_CONCURRENCY at a time) and changes the individual in place.
+    """
+    ids = list(cluster_ids)
+
+    def mutate(ind: Individual, *, generation: int, child: int) -> Future[MutationResult]:
+        target = next_target(rr_state)
+        request = MutationRequest(generation, child, target, to_dict(ind, ids), ind.scratchpad,
+                                  fitness(ind), ind.evaluation.records)
+        return pool.submit(_apply_mutation, ind, ids.index(target), request, reflector)
+
+    return mutate
+
+
+def _apply_mutation(ind: Individual, k: int, request: MutationRequest,
+                    reflector: Reflector) -> MutationResult:
+    result = reflector.mutate(request)
+    if result.delta is not None:
+        ind[k] = result.delta
+        ind.scratchpad = result.scratchpad
+        invalidate(ind)
+    return result
+
+
+def make_toolbox(evaluator: Evaluator, reflector: Reflector, selection: Selection,
+                 rr_state: RRState, cluster_ids: Sequence[str], pool: Executor) -> base.Toolbox:
+    """Register mutate only after `rr_state.rr_idx` holds the resumed value (seed 000 §8)."""
+    toolbox = base.Toolbox()
+    toolbox.register("clone", copy.deepcopy)
+    toolbox.register("evaluate", evaluate, evaluator)
+    toolbox.register("select", selection.select)
+    toolbox.register("mate", mate, reflector=reflector)
+    toolbox.register("mutate", make_mutate(rr_state, reflector, cluster_ids, pool))
+    return toolbox

@@ -1,0 +1,106 @@
+"""The evolution tree (seed 000 §8): who came from whom, with stable node ids.
+
+Nodes: `g{g}_pop{i}` (population member i at the start of generation g),
+`g{g}_child{j}_pre` (offspring j after crossover or cloning, evaluated) and
+`g{g}_child{j}_mut` (the same offspring after a mutation that changed it).
+Edges: "parent" (pop -> pre; two for a crossover, one for a clone), "mutation"
+(pre -> mut), and "carry" (an elite or final offspring -> its place in the next
+generation's population; the seed's tree would otherwise stop at each generation).
+The graph is saved as tree.json so it survives a resume.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+from matplotlib.lines import Line2D
+
+from compressor_2.atomic import atomic_write_json
+from compressor_2.errors import ConfigError
+from compressor_2.evolution.plots import plt, save_figure
+
+TREE_FILE = "tree.json"
+STAGE_X = {"pop": 0, "pre": 1, "mut": 2}
+EDGE_STYLE = {"parent": ("#555555", "solid"), "mutation": ("#1f77b4", "solid"), "carry": ("#aaaaaa", "dotted")}
+MAX_LABELLED_NODES = 600
+
+
+def pop_id(generation: int, i: int) -> str:
+    return f"g{generation}_pop{i}"
+
+
+def pre_id(generation: int, j: int) -> str:
+    return f"g{generation}_child{j}_pre"
+
+
+def mut_id(generation: int, j: int) -> str:
+    return f"g{generation}_child{j}_mut"
+
+
+class EvolutionTree:
+    def __init__(self, graph: nx.DiGraph | None = None) -> None:
+        self.graph = graph if graph is not None else nx.DiGraph()
+
+    def node(self, node_id: str, generation: int, stage: str, index: int, ind: Any) -> None:
+        """Adds or refreshes a node from an evaluated individual."""
+        evaluation = ind.evaluation
+        self.graph.add_node(node_id, generation=generation, stage=stage, index=index,
+                            fitness=ind.fitness.values[0], mean_tokens=evaluation.mean_tokens,
+                            correctness=evaluation.correctness, deltas=list(ind))
+
+    def edge(self, source: str, target: str, kind: str) -> None:
+        self.graph.add_edge(source, target, kind=kind)
+
+    def truncate(self, generation: int) -> None:
+        """Forgets generation `generation`'s offspring and everything after it (a resumed
+        run replays that generation); its population nodes stay."""
+        stale = [n for n, d in self.graph.nodes(data=True)
+                 if d["generation"] > generation or (d["generation"] == generation and d["stage"] != "pop")]
+        self.graph.remove_nodes_from(stale)
+
+    def save(self, path: Path) -> None:
+        atomic_write_json(path, nx.node_link_data(self.graph, edges="edges"))
+
+    @classmethod
+    def load(cls, path: Path) -> EvolutionTree:
+        if not path.exists():
+            return cls()
+        try:
+            return cls(nx.node_link_graph(json.loads(path.read_text(encoding="utf-8")), edges="edges"))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"'{path}' cannot be read ({exc}); move it away to continue without it") from None
+
+    def render(self, path: Path) -> None:
+        """Generations left to right (population, offspring, mutated columns); node colour
+        and label are the fitness."""
+        graph = self.graph
+        if not graph:
+            return
+        pos = {n: (3 * d["generation"] + STAGE_X[d["stage"]], -d["index"]) for n, d in graph.nodes(data=True)}
+        columns = 1 + max(x for x, _ in pos.values())
+        rows = 1 - min(y for _, y in pos.values())
+        fig, ax = plt.subplots(figsize=(min(max(8.0, 1.1 * columns), 200.0), min(max(4.0, 0.7 * rows), 100.0)))
+        for kind, (colour, style) in EDGE_STYLE.items():
+            edges = [(u, v) for u, v, d in graph.edges(data=True) if d["kind"] == kind]
+            nx.draw_networkx_edges(graph, pos, edgelist=edges, edge_color=colour, style=style,
+                                   arrows=True, arrowsize=8, ax=ax, node_size=420)
+        nodes = list(graph.nodes)
+        fitness = [graph.nodes[n]["fitness"] for n in nodes]
+        drawn = nx.draw_networkx_nodes(graph, pos, nodelist=nodes, node_color=fitness, cmap="RdYlGn",
+                                       node_size=420, ax=ax)
+        if len(nodes) <= MAX_LABELLED_NODES:
+            nx.draw_networkx_labels(graph, pos, {n: f"{graph.nodes[n]['fitness']:.3f}" for n in nodes},
+                                    font_size=6, font_color="black", ax=ax)
+        fig.colorbar(drawn, ax=ax, label="fitness", fraction=0.03)
+        generations = sorted({d["generation"] for _, d in graph.nodes(data=True)})
+        ax.set_xticks([3 * g for g in generations], [f"gen {g}" for g in generations])
+        ax.tick_params(left=False, labelleft=False, bottom=True, labelbottom=True)
+        ax.legend(handles=[Line2D([], [], color=c, linestyle=st, label=kind) for kind, (c, st) in EDGE_STYLE.items()],
+                  loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=3, fontsize=7, frameon=False)
+        ax.set_title("Evolution tree: per generation, population | offspring | mutated offspring",
+                     loc="left", fontsize=9)
+        fig.tight_layout()
+        save_figure(fig, path)

@@ -1,0 +1,103 @@
+"""The reflector interface: requests in, validated results out, with token usage.
+
+A reflector is two layers. A *proposer* (local heuristics or an OpenAI-compatible LLM)
+answers one attempt with raw JSON text; `ValidatingReflector` (validation.py) turns
+attempts into results under the seed's rules, the same for every proposer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from compressor_2.fitness import Record
+
+Message = dict[str, str]  # {"role": ..., "content": ...}
+
+
+@dataclass(frozen=True)
+class Usage:
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(self.calls + other.calls, self.prompt_tokens + other.prompt_tokens,
+                     self.completion_tokens + other.completion_tokens)
+
+
+@dataclass(frozen=True)
+class MutationRequest:
+    """Seed 000 §3: change the delta of `target` (fixed by the driver's round robin)."""
+
+    generation: int
+    child: int  # offspring index j, for the prompt log
+    target: str
+    deltas: Mapping[str, float]  # canonical order
+    scratchpad: str
+    fitness: float
+    records: Sequence[Record]  # the individual's own training answers
+
+
+@dataclass(frozen=True)
+class MergeRequest:
+    """Seed 000 §4: one scratchpad for the child of parents A and B."""
+
+    generation: int
+    child: int
+    parents: tuple[int, int]  # population indices of A and B, for the prompt log
+    scratchpad_a: str
+    fitness_a: float
+    scratchpad_b: str
+    fitness_b: float
+
+
+@dataclass(frozen=True)
+class MutationResult:
+    delta: float | None  # None: both attempts were invalid, the mutation is skipped
+    scratchpad: str  # the request's own scratchpad when skipped
+    attempts: int
+    usage: Usage
+    rejected: tuple[str, ...] = ()  # why each rejected attempt was rejected
+
+
+@dataclass(frozen=True)
+class MergeResult:
+    scratchpad: str
+    valid: bool  # False: both attempts were invalid and parent A's scratchpad is used
+    attempts: int
+    usage: Usage
+    rejected: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One raw attempt: JSON text, or None with `error` when the call itself failed."""
+
+    content: str | None
+    usage: Usage
+    error: str | None = None
+
+
+class Proposer(Protocol):
+    """Answers one attempt. `messages` are the seed's prompts after substitution: an LLM
+    sends them verbatim, the local proposer reads the request instead."""
+
+    name: str
+
+    def mutation(self, request: MutationRequest, messages: list[Message], attempt: int) -> Reply: ...
+
+    def merge(self, request: MergeRequest, messages: list[Message], attempt: int) -> Reply: ...
+
+    def close(self) -> None: ...
+
+
+class Reflector(Protocol):
+    usage: Usage  # the run's total so far
+
+    def mutate(self, request: MutationRequest) -> MutationResult: ...
+
+    def merge(self, request: MergeRequest) -> MergeResult: ...
+
+    def close(self) -> None: ...

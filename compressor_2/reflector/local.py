@@ -1,0 +1,257 @@
+"""The offline proposer: reads the individual's own answers, moves the target cluster's
+delta by a step that adapts along the lineage, and says why in the scratchpad.
+
+What it looks at, per answer: the share of the target cluster among the answer's
+tokens (retokenised with the model's tokenizer and mapped through the cluster map),
+whether the judge found it correct, and how long it is relative to its gold answer.
+
+- Cluster "0" (EOS/EOT) is the length knob. Raising it ends answers sooner, which is
+  right until answers start losing information: when an incorrect answer is shorter
+  than its gold answer ("cut short"), it goes down, otherwise up.
+- Any other cluster: when its last move in this lineage paid off it keeps going the
+  same way, when it did not it turns round; without that memory it goes up when its
+  tokens are denser in correct and compact answers than in incorrect and padded ones,
+  down otherwise.
+- The step (starting at CONFIG_LOCAL_REFLECTOR_STEP) grows by half after a move that
+  paid off and halves after one that did not, read back from the scratchpad notes, so
+  each lineage settles near the value that works for it.
+
+Every proposal is a pure function of the request and CONFIG_SEED (the jitter comes from
+an RNG seeded per call), so concurrent calls and resumed runs propose the same values.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from compressor_2.reflector.base import MergeRequest, Message, MutationRequest, Reply, Usage
+
+if TYPE_CHECKING:
+    from compressor_2.clusters.build import ClusterSet
+    from compressor_2.config import Config
+
+EOS_CLUSTER = "0"
+DELTA_LIMIT = 30.0  # beyond this a logit bias only saturates
+MAX_NOTES = 40  # a lineage's scratchpad keeps its most recent notes
+GROW, SHRINK = 1.5, 0.5
+STEP_RANGE = (1 / 16, 8.0)  # the step stays within these multiples of the initial step
+JITTER = (0.8, 1.25)
+
+_MOVE = re.compile(r"^g(\d+): moved cluster (\d+) (up|down) from \S+ to \S+ \(step ([0-9.]+)\)"
+                   r".*before: fitness (-?[0-9.]+)")
+_OUTCOME = re.compile(r"^g(\d+): moving cluster (\d+) (up|down) (paid off|did not pay off|made no difference)")
+
+
+@dataclass(frozen=True)
+class Move:
+    generation: int
+    cluster: str
+    direction: int  # +1 up, -1 down
+    step: float
+    fitness_before: float
+
+
+@dataclass(frozen=True)
+class Outcome:
+    generation: int
+    cluster: str
+    direction: int
+    verdict: str
+
+
+def note_generation(line: str) -> int:
+    match = re.match(r"^g(\d+):", line)
+    return int(match.group(1)) if match else -1
+
+
+def _latest(items: Sequence[Any]) -> Any:
+    """The note of the highest generation; on a tie the first, i.e. the fitter parent's."""
+    return max(items, key=lambda item: item.generation, default=None)
+
+
+def parse_moves(lines: Sequence[str]) -> list[Move]:
+    moves = []
+    for line in lines:
+        if m := _MOVE.match(line):
+            moves.append(Move(int(m.group(1)), m.group(2), 1 if m.group(3) == "up" else -1,
+                              float(m.group(4)), float(m.group(5))))
+    return moves
+
+
+def parse_outcomes(lines: Sequence[str]) -> list[Outcome]:
+    outcomes = []
+    for line in lines:
+        if m := _OUTCOME.match(line):
+            outcomes.append(Outcome(int(m.group(1)), m.group(2), 1 if m.group(3) == "up" else -1,
+                                    m.group(4)))
+    return outcomes
+
+
+def scratchpad_lines(scratchpad: str) -> list[str]:
+    return [line.strip() for line in scratchpad.splitlines() if line.strip()]
+
+
+def keep_recent(lines: list[str], limit: int = MAX_NOTES) -> list[str]:
+    """Drops the oldest notes (lowest generation) beyond `limit`, keeping the order."""
+    if len(lines) <= limit:
+        return lines
+    ranked = sorted(range(len(lines)), key=lambda i: (-note_generation(lines[i]), i))
+    kept = set(ranked[:limit])
+    return [line for i, line in enumerate(lines) if i in kept]
+
+
+def merge_scratchpads(first: str, second: str) -> str:
+    """`first` (the fitter parent's) notes, then the other's not already there."""
+    lines = list(dict.fromkeys(scratchpad_lines(first) + scratchpad_lines(second)))
+    return "\n".join(keep_recent(lines))
+
+
+def _percent(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _mean(values: np.ndarray) -> float:
+    return float(values.mean()) if values.size else 0.0
+
+
+class LocalProposer:
+    name = "local"
+
+    def __init__(self, tokenizer: Any, token_clusters: np.ndarray, num_clusters: int,
+                 initial_step: float, seed: int) -> None:
+        self.tokenizer = tokenizer
+        self.token_clusters = np.asarray(token_clusters, dtype=np.int64)
+        self.num_clusters = num_clusters
+        self.initial_step = initial_step
+        self.seed = seed
+        self._lock = threading.Lock()  # fast tokenizers are not safe to share between threads
+        self._histograms: dict[str, np.ndarray] = {}
+        self._lengths: dict[str, int] = {}
+
+    @classmethod
+    def from_config(cls, config: Config, clusters: ClusterSet) -> LocalProposer:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(config.model_path)
+        return cls(tokenizer, clusters.token_clusters, len(clusters.cluster_ids),
+                   config.local_reflector_step, config.seed)
+
+    def close(self) -> None:
+        """Holds nothing that needs releasing."""
+
+    # -- merge -------------------------------------------------------------------------
+
+    def merge(self, request: MergeRequest, messages: list[Message], attempt: int) -> Reply:
+        del messages, attempt
+        a_first = request.fitness_a >= request.fitness_b
+        first, second = ((request.scratchpad_a, request.scratchpad_b) if a_first
+                         else (request.scratchpad_b, request.scratchpad_a))
+        return Reply(json.dumps({"scratchpad": merge_scratchpads(first, second)}), Usage(calls=1))
+
+    # -- mutation ----------------------------------------------------------------------
+
+    def mutation(self, request: MutationRequest, messages: list[Message], attempt: int) -> Reply:
+        del messages
+        lines = scratchpad_lines(request.scratchpad)
+        notes: list[str] = []
+        step = self.initial_step
+        last_move = _latest(parse_moves(lines))
+        if last_move is not None:
+            step, note = self._judge_last_move(last_move, request)
+            notes.append(note)
+        memory = _latest([o for o in parse_outcomes(lines + notes) if o.cluster == request.target])
+
+        direction, reason = self._direction(request, memory)
+        rng = random.Random(f"{self.seed}/{request.generation}/{request.child}/{request.target}/{attempt}")
+        current = request.deltas[request.target]
+        new = self._next_value(current, direction, step * rng.uniform(*JITTER))
+        if new == current:  # pinned at the limit: the only way to change is back
+            direction, reason = -direction, "it is at the limit of the delta range"
+            new = self._next_value(current, direction, step)
+        mean_tokens = sum(r.tokens for r in request.records) / len(request.records)
+        correct = sum(r.is_correct for r in request.records) / len(request.records)
+        notes.append(
+            f"g{request.generation}: moved cluster {request.target} {'up' if direction > 0 else 'down'} "
+            f"from {current:.4f} to {new:.4f} (step {step:.4f}) because {reason}; "
+            f"before: fitness {request.fitness:.4f}, {mean_tokens:.1f} tokens, {_percent(correct)} correct."
+        )
+        scratchpad = "\n".join(keep_recent(lines + notes))
+        return Reply(json.dumps({"delta": new, "scratchpad": scratchpad}), Usage(calls=1))
+
+    def _judge_last_move(self, move: Move, request: MutationRequest) -> tuple[float, str]:
+        """Did the lineage's last move pay off? Returns the adapted step and the note."""
+        low, high = (self.initial_step * f for f in STEP_RANGE)
+        before, now = move.fitness_before, round(request.fitness, 4)
+        way = "up" if move.direction > 0 else "down"
+        if now > before:
+            step = min(move.step * GROW, high)
+            verdict = f"paid off (fitness {before:.4f} -> {now:.4f}), so the step grows to {step:.4f}"
+        elif now < before:
+            step = max(move.step * SHRINK, low)
+            verdict = f"did not pay off (fitness {before:.4f} -> {now:.4f}), so the step shrinks to {step:.4f}"
+            if move.cluster != EOS_CLUSTER:  # EOS follows the cut-short evidence instead
+                verdict += f" and cluster {move.cluster} goes the other way next time"
+        else:
+            step = move.step
+            verdict = f"made no difference (fitness {now:.4f})"
+        return step, f"g{request.generation}: moving cluster {move.cluster} {way} {verdict}."
+
+    def _direction(self, request: MutationRequest, memory: Outcome | None) -> tuple[int, str]:
+        records = request.records
+        correct = np.array([r.is_correct for r in records], dtype=bool)
+        tokens = np.array([r.tokens for r in records], dtype=float)
+        gold = np.array([max(self._length(r.gold), 1) for r in records], dtype=float)
+        if request.target == EOS_CLUSTER:
+            cut_short = int(np.sum(~correct & (tokens < gold)))
+            if cut_short:
+                return -1, (f"{cut_short} incorrect answer(s) are shorter than their gold answer, "
+                            "so answers seem to stop before giving all the information")
+            return 1, "no incorrect answer is shorter than its gold answer, so answers can end sooner"
+        if memory is not None and memory.verdict != "made no difference":
+            way = "up" if memory.direction > 0 else "down"
+            if memory.verdict == "paid off":
+                return memory.direction, f"moving it {way} paid off last time"
+            return -memory.direction, f"moving it {way} did not pay off last time"
+
+        k = int(request.target)
+        histograms = [self._histogram(r.answer) for r in records]
+        shares = np.array([h[k] / max(h.sum(), 1) for h in histograms])
+        if not shares.any():
+            return -1, "its tokens appear in no answer, so lowering it is a harmless probe"
+        padding = tokens / gold
+        padded = padding > np.median(padding)
+        in_padded, in_compact = _mean(shares[padded]), _mean(shares[~padded])
+        in_correct, in_incorrect = _mean(shares[correct]), _mean(shares[~correct])
+        # Evidence only counts when both groups exist.
+        length_signal = (in_compact - in_padded) if padded.any() and (~padded).any() else 0.0
+        correct_signal = (in_correct - in_incorrect) if correct.any() and (~correct).any() else 0.0
+        seen = (f"its tokens are {_percent(in_padded)} of padded answers vs {_percent(in_compact)} of "
+                f"compact ones and {_percent(in_correct)} of correct vs {_percent(in_incorrect)} of "
+                "incorrect ones")
+        return (1 if length_signal + correct_signal > 0 else -1), seen
+
+    def _next_value(self, current: float, direction: int, step: float) -> float:
+        return round(min(max(current + direction * step, -DELTA_LIMIT), DELTA_LIMIT), 4)
+
+    def _histogram(self, text: str) -> np.ndarray:
+        """Tokens of `text` per cluster; ids outside the cluster map are not counted."""
+        with self._lock:
+            if text not in self._histograms:
+                ids = np.asarray(self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
+                ids = ids[ids < len(self.token_clusters)]
+                self._histograms[text] = np.bincount(self.token_clusters[ids], minlength=self.num_clusters)
+            return self._histograms[text]
+
+    def _length(self, text: str) -> int:
+        with self._lock:
+            if text not in self._lengths:
+                self._lengths[text] = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            return self._lengths[text]

@@ -1,0 +1,33 @@
+"""One text file per reflector attempt under output_dir/reflector_prompts/ (seed 000 §8):
+the exact messages, the raw reply and the verdict. Headers, keys and URLs never appear."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from compressor_2.atomic import atomic_write_text
+from compressor_2.reflector.base import Message, Reply
+
+
+class PromptLog:
+    def __init__(self, directory: Path, reflector: str) -> None:
+        self.directory = directory
+        self.reflector = reflector
+
+    def path(self, generation: int, call: str, child: int, attempt: int) -> Path:
+        return self.directory / f"gen_{generation}_{call}_child{child}_attempt{attempt}.txt"
+
+    def write(self, generation: int, call: str, child: int, attempt: int,
+              indices: Mapping[str, object], messages: list[Message], reply: Reply, verdict: str) -> None:
+        header = {"generation": generation, "call": call, "child": child, **indices,
+                  "attempt": attempt, "reflector": self.reflector}
+        parts = [*(f"{key}: {value}" for key, value in header.items())]
+        for message in messages:
+            parts += [f"===== {message['role']} =====", message["content"]]
+        parts += ["===== reply =====",
+                  reply.content if reply.content is not None else f"(call failed: {reply.error})",
+                  "===== verdict =====", verdict,
+                  f"usage: prompt_tokens={reply.usage.prompt_tokens} "
+                  f"completion_tokens={reply.usage.completion_tokens}"]
+        atomic_write_text(self.path(generation, call, child, attempt), "\n".join(parts) + "\n")

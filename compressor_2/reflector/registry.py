@@ -1,0 +1,42 @@
+"""CONFIG_REFLECTOR_* -> a reflector: a name -> proposer factory dict, wrapped in the one
+set of validation rules and the prompt log."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from compressor_2.reflector.base import Proposer
+from compressor_2.reflector.prompt_log import PromptLog
+from compressor_2.reflector.validation import ValidatingReflector
+
+if TYPE_CHECKING:
+    from compressor_2.clusters.build import ClusterSet
+    from compressor_2.config import Config
+
+ProposerFactory = Callable[["Config", "ClusterSet"], Proposer]
+
+
+def _local(config: Config, clusters: ClusterSet) -> Proposer:
+    from compressor_2.reflector.local import LocalProposer
+
+    return LocalProposer.from_config(config, clusters)
+
+
+def _openai(config: Config, clusters: ClusterSet) -> Proposer:
+    del clusters
+    from compressor_2.reflector.openai_reflector import OpenAIProposer
+
+    return OpenAIProposer.from_config(config)
+
+
+PROPOSERS: dict[str, ProposerFactory] = {"local": _local, "openai": _openai}
+
+
+def make_reflector(config: Config, clusters: ClusterSet) -> ValidatingReflector:
+    """The configured reflector, every attempt logged under output_dir/reflector_prompts/.
+    The caller closes it."""
+    proposer = PROPOSERS[config.reflector](config, clusters)
+    label = f"openai {config.reflector_model}" if config.reflector == "openai" else proposer.name
+    log = PromptLog(config.output_dir / "reflector_prompts", label)
+    return ValidatingReflector(proposer, clusters.descriptions, config.reflector_answer_max_chars, log)

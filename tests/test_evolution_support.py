@@ -1,0 +1,81 @@
+"""Shared set-up for the evolution tests (no tests here): a tiny training set in the
+FinanceBench shape and a `.config` for the tiny model, its clusters built once per session."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from compressor_2.config import Config, load_config
+
+ROWS = [
+    {"financebench_id": "fb-a", "question": "What was revenue in FY2018?", "answer": "$1,577 million",
+     "evidence": [{"evidence_text_full_page": "Revenue was $1,577 million in FY2018."}]},
+    {"financebench_id": "fb-b", "question": "Did capital expenditure exceed $2,000 million?", "answer": "No",
+     "evidence": [{"evidence_text_full_page": "Capital expenditure was $1,200 million."}]},
+    {"financebench_id": "fb-c", "question": "What was net income?", "answer": "5,363 million",
+     "evidence": [{"evidence_text_full_page": "Net income was 5,363 million dollars."}]},
+]
+
+DEFAULT_NGEN = 4
+GA_DEFAULTS = {
+    "POPULATION_SIZE": "4", "NGEN": str(DEFAULT_NGEN), "CXPB": '"0.5"', "MUTPB": '"0.8"', "ELITISM_SIZE": "1",
+    "SELECTION": '"tournament"', "TOURNAMENT_SIZE": "2",
+}
+
+
+def write_config(work: Path, shared: Path, model_dir: Path, **overrides: str) -> Path:
+    """A .config in `work` (output dir `work/out`) whose cluster artifacts live in `shared`,
+    so every test of a session reuses one cluster build. `overrides` are raw Kconfig
+    values by symbol name without CONFIG_, e.g. NGEN="4", CXPB='"0"'."""
+    data = shared / "train.jsonl"
+    if not data.exists():
+        data.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
+    symbols = {
+        "OUTPUT_DIR": f'"{work / "out"}"',
+        "CLUSTER_DIR": f'"{shared / "clusters"}"',
+        "CLUSTER_DESCRIPTIONS_PATH": f'"{shared / "clusters" / "cluster_descriptions.json"}"',
+        "INITIAL_DELTAS_PATH": f'"{shared / "clusters" / "initial_deltas.json"}"',
+        "FINANCEBENCH_JSONL_PATH": f'"{data}"',
+        "MODEL_PATH": f'"{model_dir}"',
+        "MAX_NEW_TOKENS": "8",
+        "TRANSFORMERS_DEVICE": '"cpu"',
+        "NUM_CLUSTERS": "3",
+        "PCA_COMPONENTS": "8",
+        "LAMBDA_SHORTNESS": '"0.5"',
+        "LAMBDA_CORRECTNESS": '"0.5"',
+        "SHORTNESS_SCALE": '"10"',
+        **GA_DEFAULTS,
+        **overrides,
+    }
+    path = work / "test.config"
+    path.write_text("".join(f"CONFIG_{name}={value}\n" for name, value in symbols.items()))
+    return path
+
+
+def config_for(work: Path, shared: Path, model_dir: Path, **overrides: str) -> Config:
+    return load_config(write_config(work, shared, model_dir, **overrides))
+
+
+def shared_dir(tmp_path_factory) -> Path:
+    """One folder per test session for the training file and the cluster artifacts."""
+    path = tmp_path_factory.getbasetemp() / "evolution_shared"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def read_json(path: Path):
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def default_run(tmp_path_factory, shared: Path, model_dir: Path) -> Path:
+    """The output dir of one uninterrupted 4-generation run with GA_DEFAULTS, made once per
+    session and shared by the test modules (which only read it)."""
+    from compressor_2.evolution.loop import evolve
+
+    work = tmp_path_factory.getbasetemp() / "default_run"
+    if not (work / "done").exists():
+        work.mkdir(exist_ok=True)
+        evolve(config_for(work, shared, model_dir, NGEN=str(DEFAULT_NGEN)))
+        (work / "done").touch()
+    return work / "out"

@@ -1,0 +1,190 @@
+"""Persistence and resume: evolution_state.json, its refusal of bad files, and a resumed
+run (in process, and after Ctrl+C / SIGTERM to a real `python -m compressor_2 evolve`)
+ending in exactly the state of an uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from compressor_2.config import load_config
+from compressor_2.errors import ConfigError
+from compressor_2.evolution.loop import evolve
+from compressor_2.evolution.state import (
+    EvolutionState, Member, capture_rng, load_state, restore_rng, save_state, seed_rng,
+)
+from compressor_2.reflector.local import LocalProposer
+from tests.conftest import REPO
+from tests.test_evolution_support import config_for, default_run, read_json, shared_dir, write_config
+
+IDS = ["0", "1", "2"]
+
+
+def member(x: float, pad: str = "") -> Member:
+    return Member({"0": x, "1": 0.0, "2": -x}, pad)
+
+
+def sample_state() -> EvolutionState:
+    seed_rng(5)
+    random.random()
+    return EvolutionState(3, (member(1.0, "note"), member(0.5)), member(1.0, "note"), 0.75, 2, capture_rng())
+
+
+def test_the_state_round_trips_with_exactly_the_seed_keys(tmp_path: Path):
+    state = sample_state()
+    save_state(tmp_path / "s.json", state)
+    raw = read_json(tmp_path / "s.json")
+    assert set(raw) == {"generation", "population", "best_individual", "best_fitness", "rr_idx", "rng"}
+    assert raw["population"][0] == {"deltas": {"0": 1.0, "1": 0.0, "2": -1.0}, "scratchpad": "note"}
+    assert load_state(tmp_path / "s.json", IDS, 2) == state
+
+
+def test_restoring_the_rng_replays_the_same_draws(tmp_path: Path):
+    state = sample_state()
+    expected = ([random.random() for _ in range(3)], np.random.rand(3).tolist())
+    random.seed(99)
+    np.random.seed(99)
+    save_state(tmp_path / "s.json", state)
+    restore_rng(load_state(tmp_path / "s.json", IDS, 2).rng)
+    assert ([random.random() for _ in range(3)], np.random.rand(3).tolist()) == expected
+
+
+def test_no_state_file_means_a_fresh_run(tmp_path: Path):
+    assert load_state(tmp_path / "missing.json", IDS, 2) is None
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda raw: raw.pop("rr_idx"), "malformed"),
+    (lambda raw: raw.update(rr_idx=3), "rr_idx is 3"),
+    (lambda raw: raw.update(generation=-1), "generation is -1"),
+    (lambda raw: raw["population"][1]["deltas"].pop("2"), "cluster id\\(s\\) 2 missing.*clusters changed"),
+    (lambda raw: raw["population"][0].update(scratchpad=None), "scratchpad is not a string"),
+    (lambda raw: raw.update(best_fitness=None), "both be set or both be null"),
+    (lambda raw: raw["rng"].update(random=[3, [1, 2], None]), "malformed"),
+    (lambda raw: raw.update(population=[raw["population"][0]]), "holds 1 individuals but CONFIG_POPULATION_SIZE=2"),
+])
+def test_a_state_that_cannot_be_used_is_a_clear_error(tmp_path: Path, edit, message):
+    path = tmp_path / "evolution_state.json"
+    save_state(path, sample_state())
+    raw = read_json(path)
+    edit(raw)
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ConfigError, match=message) as excinfo:
+        load_state(path, IDS, 2)
+    assert "evolution_state.json" in str(excinfo.value) and "fresh run" in str(excinfo.value)
+
+
+def test_an_unparsable_state_is_a_clear_error(tmp_path: Path):
+    path = tmp_path / "evolution_state.json"
+    path.write_bytes(b"\xff\xfe not json")
+    with pytest.raises(ConfigError, match="cannot be read"):
+        load_state(path, IDS, 2)
+
+
+# -- resumed runs ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory) -> Path:
+    return shared_dir(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, shared, tiny_model_dir) -> Path:
+    """The shared 4-generation run (GA_DEFAULTS) that no one interrupted."""
+    return default_run(tmp_path_factory, shared, tiny_model_dir)
+
+
+def prompt_logs(out: Path, generations: range) -> dict[str, str]:
+    return {p.name: p.read_text() for g in generations for p in (out / "reflector_prompts").glob(f"gen_{g}_*")}
+
+
+@pytest.mark.slow
+def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path, shared, tiny_model_dir, uninterrupted):
+    evolve(config_for(tmp_path, shared, tiny_model_dir, NGEN="2"))
+    halfway = read_json(tmp_path / "out" / "evolution_state.json")
+    assert halfway["generation"] == 2
+    evolve(config_for(tmp_path, shared, tiny_model_dir, NGEN="4"))  # a new Evaluator: an empty cache
+
+    assert read_json(tmp_path / "out" / "evolution_state.json") == read_json(uninterrupted / "evolution_state.json")
+    # rr_idx was restored before mutate: the first mutation after the resume targets the
+    # saved index's cluster, and the resumed generations mutated the same targets.
+    ids = list(halfway["population"][0]["deltas"])
+    first = min((tmp_path / "out" / "reflector_prompts").glob("gen_2_mutation_child*_attempt1.txt"))
+    assert f"target_cluster: {ids[halfway['rr_idx']]}\n" in first.read_text()
+    assert prompt_logs(tmp_path / "out", range(2, 4)) == prompt_logs(uninterrupted, range(2, 4))
+    resumed_history = read_json(tmp_path / "out" / "history.json")
+    assert [h["generation"] for h in resumed_history] == [0, 1, 2, 3, 4]
+    tree = read_json(tmp_path / "out" / "tree.json")
+    assert tree["nodes"] == read_json(uninterrupted / "tree.json")["nodes"]
+
+
+def start_evolve(config_path: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "compressor_2", "evolve", "--config", str(config_path)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def interrupt_after(proc: subprocess.Popen[str], state_path: Path, generation: int, sig: int) -> int:
+    """Sends `sig` once the saved state reaches `generation`; returns the generation seen."""
+    deadline = time.monotonic() + 300  # a hang guard, not a speed assertion
+    while time.monotonic() < deadline and proc.poll() is None:
+        if state_path.exists() and (seen := read_json(state_path)["generation"]) >= generation:
+            proc.send_signal(sig)
+            return seen
+        time.sleep(0.02)
+    proc.kill()
+    raise AssertionError(f"the run ended (or hung) before generation {generation}: {proc.communicate()}")
+
+
+@pytest.mark.slow
+def test_ctrl_c_then_resume_matches_an_uninterrupted_run(tmp_path, shared, tiny_model_dir, uninterrupted,
+                                                         capsys):
+    config_path = write_config(tmp_path, shared, tiny_model_dir, NGEN="4")
+    state_path = tmp_path / "out" / "evolution_state.json"
+
+    proc = start_evolve(config_path)
+    seen = interrupt_after(proc, state_path, 1, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 130, stderr
+    assert "interrupted: state saved to" in stderr
+    assert f"rerun the same command: python -m compressor_2 evolve --config {config_path}" in stderr
+    saved = read_json(state_path)["generation"]
+    assert seen <= saved < 4  # at most the generation in progress was lost
+
+    # The rerun, in this process to spare a second interpreter start-up.
+    evolve(load_config(config_path))
+    assert f"resuming at generation {saved} ({saved + 1} of 4)" in capsys.readouterr().out
+    assert read_json(state_path) == read_json(uninterrupted / "evolution_state.json")
+
+
+@pytest.mark.slow
+def test_sigterm_during_a_reflector_call_then_resume(tmp_path, shared, tiny_model_dir, uninterrupted,
+                                                      monkeypatch, capsys):
+    """SIGTERM arrives while the main thread waits for a reflector call in the pool."""
+    original = LocalProposer.mutation
+    once = threading.Lock()  # one signal only: a late one would meet pytest's own SIGTERM handler
+
+    def mutation_then_sigterm(self, request, messages, attempt):
+        if request.generation == 2 and once.acquire(blocking=False):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.5)  # the main thread handles the signal while this call is in flight
+        return original(self, request, messages, attempt)
+
+    monkeypatch.setattr(LocalProposer, "mutation", mutation_then_sigterm)
+    with pytest.raises(KeyboardInterrupt):
+        evolve(config_for(tmp_path, shared, tiny_model_dir, NGEN="4"))
+    assert "interrupted: state saved to" in capsys.readouterr().err
+    assert read_json(tmp_path / "out" / "evolution_state.json")["generation"] == 2
+
+    monkeypatch.setattr(LocalProposer, "mutation", original)
+    evolve(config_for(tmp_path, shared, tiny_model_dir, NGEN="4"))
+    assert read_json(tmp_path / "out" / "evolution_state.json") == read_json(uninterrupted / "evolution_state.json")
