@@ -9,15 +9,15 @@ with exponential backoff; items are judged concurrently by a small thread pool.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import openai
 
+from compressor_2.api_key import api_key_from_env
 from compressor_2.config import Config
-from compressor_2.errors import ConfigError, RunError
+from compressor_2.errors import RunError
 from compressor_2.judges.base import JudgeItem, Verdict
 
 VERDICT_SCHEMA: dict[str, Any] = {
@@ -43,16 +43,6 @@ without a result, or a result that contradicts the reference does.
 Reply with JSON: is_correct, and reasoning (one or two sentences saying what was compared)."""
 
 
-def api_key_from_env(variable: str) -> str:
-    key = os.environ.get(variable, "").strip()
-    if not key:
-        raise ConfigError(
-            f"the judge's API key is missing: set the environment variable {variable} "
-            "(named by CONFIG_JUDGE_API_KEY_ENV)"
-        )
-    return key
-
-
 class LLMJudge:
     def __init__(self, model: str, base_url: str, api_key: str, tolerance: float = 0.01,
                  concurrency: int = 8, timeout: float = 120.0, max_retries: int = 5) -> None:
@@ -67,7 +57,7 @@ class LLMJudge:
     @classmethod
     def from_config(cls, config: Config) -> LLMJudge:
         return cls(config.judge_model, config.judge_base_url,
-                   api_key_from_env(config.judge_api_key_env), config.correctness_tolerance)
+                   api_key_from_env(config.judge_api_key_env, "the judge", "JUDGE_API_KEY_ENV"), config.correctness_tolerance)
 
     def judge(self, items: Sequence[JudgeItem]) -> list[Verdict]:
         if len(items) <= 1:

@@ -9,25 +9,15 @@ without mutations, so those stop the run with a `RunError`.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import openai
 
+from compressor_2.api_key import api_key_from_env
 from compressor_2.config import Config
-from compressor_2.errors import ConfigError, RunError
+from compressor_2.errors import RunError
 from compressor_2.reflector.base import MergeRequest, Message, MutationRequest, Reply, Usage
 from compressor_2.reflector.prompts import MERGE_SCHEMA, MUTATION_SCHEMA
-
-
-def api_key(variable: str) -> str:
-    key = os.environ.get(variable, "").strip()
-    if not key:
-        raise ConfigError(
-            f"the reflector's API key is missing: set the environment variable {variable} "
-            "(named by CONFIG_REFLECTOR_API_KEY_ENV)"
-        )
-    return key
 
 
 def response_format(name: str, schema: dict[str, Any]) -> dict[str, Any]:
@@ -46,7 +36,7 @@ class OpenAIProposer:
     @classmethod
     def from_config(cls, config: Config) -> OpenAIProposer:
         return cls(config.reflector_model, config.reflector_base_url,
-                   api_key(config.reflector_api_key_env), config.reflector_timeout,
+                   api_key_from_env(config.reflector_api_key_env, "the reflector", "REFLECTOR_API_KEY_ENV"), config.reflector_timeout,
                    config.reflector_max_retries)
 
     def mutation(self, request: MutationRequest, messages: list[Message], attempt: int) -> Reply:
