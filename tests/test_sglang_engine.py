@@ -18,7 +18,8 @@ from transformers import AutoTokenizer
 
 from compressor_2.clusters.clusterset import FINGERPRINT_FILE, ClusterSet
 from compressor_2.engines.base import Generation, GenerationRequest
-from compressor_2.engines.sglang_engine import SGLangEngine, render_prompt
+from compressor_2.engines.chat import encode_prompt
+from compressor_2.engines.sglang_engine import SGLangEngine
 from compressor_2.engines.sglang_server import SGLangServer
 from compressor_2.errors import ConfigError, RunError
 from tests.sglang_helpers import FAKE_SERVER, fake_stats, free_port, process_gone, sglang_config
@@ -162,7 +163,7 @@ def test_attach_mode_spreads_requests_over_every_url(engine, clusters, reference
 
 def test_attach_mode_retries_on_the_next_url_when_one_is_down(engine, clusters, reference):
     dead = f"http://127.0.0.1:{free_port()}"
-    attached = SGLangEngine([dead, engine.urls[0]], clusters, lambda p: p, temperature=0.0,
+    attached = SGLangEngine([dead, engine.urls[0]], clusters, engine.encode, temperature=0.0,
                             max_new_tokens=MAX_NEW, concurrency=2, request_timeout=60.0)
     batch = requests(ZEROS)
     assert attached.generate(batch) == [reference[r] for r in batch]
@@ -211,10 +212,15 @@ def test_a_cluster_map_for_another_tokenizer_is_refused(tiny_model_dir, clusters
 
 def test_prompts_go_through_the_chat_template_when_the_model_has_one(tiny_model_dir):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    assert render_prompt(tokenizer, "How much?") == "How much?"
-    tokenizer.chat_template = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>"
-                               "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}")
-    assert render_prompt(tokenizer, "How much?") == "<user>How much?</user><assistant>"
+    assert encode_prompt(tokenizer, "How much?") == tokenizer("How much?")["input_ids"]
+    tokenizer.chat_template = ("{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+                               "</{{ m.role }}>{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}")
+    tokenizer.bos_token = tokenizer.eos_token
+    tokenizer.add_bos_token = True
+    ids = encode_prompt(tokenizer, "How much?")
+    assert tokenizer.decode(ids) == "<|endoftext|><user>How much?</user><assistant>"
+    # The template's BOS is the only one: ids, not text, go to the server.
+    assert ids.count(tokenizer.bos_token_id) == 1
 
 
 def test_a_server_that_ignores_the_deltas_is_refused_before_any_work(engine, clusters, tiny_model_dir,

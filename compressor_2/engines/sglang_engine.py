@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from compressor_2.engines.base import Generation, GenerationRequest, Progress
+from compressor_2.engines.chat import encode_prompt
 from compressor_2.engines.sglang_server import SGLangServer
 from compressor_2.errors import ConfigError, RunError
 from compressor_2.steering.processor import custom_params, processor_spec
@@ -47,14 +48,6 @@ def load_tokenizer(model_path: str) -> Any:
     except (OSError, ValueError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ConfigError(f"CONFIG_MODEL_PATH={model_path!r}: cannot load the tokenizer: {first}") from None
-
-
-def render_prompt(tokenizer: Any, prompt: str) -> str:
-    """The user prompt inside the model's chat template, or as is when it has none."""
-    if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
-    return prompt
 
 
 def check_attached(urls: Sequence[str], timeout: float) -> None:
@@ -95,7 +88,7 @@ class SGLangEngine:
         self,
         urls: Sequence[str],
         clusters: ClusterSet,
-        render: Callable[[str], str],
+        encode: Callable[[str], list[int]],
         *,
         temperature: float,
         max_new_tokens: int,
@@ -108,7 +101,7 @@ class SGLangEngine:
             raise ValueError("no server URL")
         self.urls = tuple(urls)
         self.clusters = clusters
-        self.render = render
+        self.encode = encode
         self.temperature = temperature
         self.max_new_tokens = max_new_tokens
         self.concurrency = concurrency
@@ -119,7 +112,7 @@ class SGLangEngine:
         # One string for the whole run: SGLang batches rows by the exact string.
         self.processor = processor_spec()
         self._next_url = itertools.cycle(self.urls).__next__
-        self._rendered: dict[str, str] = {}
+        self._encoded: dict[str, list[int]] = {}
         self._closed = False
 
     @classmethod
@@ -135,16 +128,16 @@ class SGLangEngine:
             temperature=config.temperature, max_new_tokens=config.max_new_tokens,
             concurrency=config.eval_concurrency, request_timeout=config.sglang_request_timeout,
         )
-        render = functools.partial(render_prompt, tokenizer)
+        encode = functools.partial(encode_prompt, tokenizer)
         if config.sglang_urls:
             check_attached(config.sglang_urls, config.sglang_request_timeout)
-            engine = cls(config.sglang_urls, clusters, render, **settings)
+            engine = cls(config.sglang_urls, clusters, encode, **settings)
             engine.check_steering()
             return engine
         server = SGLangServer(config)
         server.start()
         try:
-            engine = cls((server.url,), clusters, render, server=server,
+            engine = cls((server.url,), clusters, encode, server=server,
                          max_restarts=config.sglang_max_restarts, **settings)
             engine.check_steering()
             return engine
@@ -205,11 +198,11 @@ class SGLangEngine:
         return [r for r in results if r is not None]
 
     def _body(self, request: GenerationRequest, max_new_tokens: int | None = None) -> dict[str, Any]:
-        text = self._rendered.get(request.prompt)
-        if text is None:
-            text = self._rendered[request.prompt] = self.render(request.prompt)
+        ids = self._encoded.get(request.prompt)
+        if ids is None:
+            ids = self._encoded[request.prompt] = self.encode(request.prompt)
         return {
-            "text": text,
+            "input_ids": ids,
             "custom_logit_processor": self.processor,
             "sampling_params": {
                 "temperature": self.temperature,

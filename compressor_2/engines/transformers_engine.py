@@ -14,6 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessorList, PreTrainedModel
 
 from compressor_2.engines.base import Generation, GenerationRequest, Progress
+from compressor_2.engines.chat import encode_prompt
 from compressor_2.errors import ConfigError
 from compressor_2.steering.hf_processor import DeltaBiasProcessor
 
@@ -96,13 +97,7 @@ class TransformersEngine:
         return ids
 
     def encode(self, prompt: str) -> list[int]:
-        """The prompt's token ids, inside the model's chat template when it has one."""
-        if self.tokenizer.chat_template:
-            text = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
-            # The template already carries the special tokens it wants.
-            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return self.tokenizer(prompt)["input_ids"]
+        return encode_prompt(self.tokenizer, prompt)
 
     def generate(self, requests: Sequence[GenerationRequest],
                  progress: Progress | None = None) -> list[Generation]:

@@ -5,7 +5,7 @@ native HTTP protocol on the host and port it is given.
         --enable-custom-logit-processor [--fake-... failure modes]
 
 Endpoints: GET /health and /health_generate (503 while "starting"), POST /generate
-({"text", "custom_logit_processor", "sampling_params"} -> {"text", "meta_info"}), and
+({"text" or "input_ids", "custom_logit_processor", "sampling_params"} -> {"text", "meta_info"}), and
 GET /fake_stats for the tests (request counts, most requests in flight at once).
 
 It loads `custom_logit_processor` exactly as SGLang does (json -> dill.loads of the
@@ -172,9 +172,10 @@ class FakeServer:
         spec = body.get("custom_logit_processor")
         if spec is not None and not self.args.enable_custom_logit_processor:
             return 400, {"error": {"message": FLAG_MISSING}}
-        text = body.get("text")
-        if not isinstance(text, str):
-            return 400, {"error": {"message": "text is required"}}
+        text, input_ids = body.get("text"), body.get("input_ids")
+        ids_given = isinstance(input_ids, list) and all(isinstance(i, int) for i in input_ids)
+        if not ids_given and not isinstance(text, str):
+            return 400, {"error": {"message": "text or input_ids is required"}}
         sampling = body.get("sampling_params") or {}
         max_new_tokens = int(sampling.get("max_new_tokens", 128))
         params = sampling.get("custom_params")
@@ -182,12 +183,14 @@ class FakeServer:
             params = {**params, "__req__": SGLangRequest()}
         time.sleep(self.args.fake_generate_delay)
         model = self.model()
+        # The toy model's logits depend on the prompt only through this key.
+        prompt = " ".join(map(str, input_ids)) if ids_given else text
         processor = self.load_processor(spec)() if spec is not None else None
         with self.scheduler:
-            output, finish = self._decode(model, text, max_new_tokens, processor, params)
+            output, finish = self._decode(model, prompt, max_new_tokens, processor, params)
         return 200, {
             "text": model.decode([t for t in output if t != model.eos]),
-            "meta_info": {"prompt_tokens": model.prompt_tokens(text),
+            "meta_info": {"prompt_tokens": len(input_ids) if ids_given else model.prompt_tokens(text),
                           "completion_tokens": len(output), "finish_reason": finish},
         }
 
