@@ -47,6 +47,7 @@ class Config:
     temperature: float
     transformers_batch_size: int
     transformers_device: str
+    transformers_threads: int
     eval_concurrency: int
     sglang_command: str
     sglang_urls: tuple[str, ...]
@@ -300,6 +301,7 @@ def _build(r: _Reader) -> Config:
         temperature=temperature,
         transformers_batch_size=r.integer("TRANSFORMERS_BATCH_SIZE"),
         transformers_device=r.string("TRANSFORMERS_DEVICE"),
+        transformers_threads=r.integer("TRANSFORMERS_THREADS"),
         eval_concurrency=r.integer("EVAL_CONCURRENCY"),
         sglang_command=r.string("SGLANG_COMMAND"),
         sglang_urls=urls,

@@ -51,7 +51,9 @@ class TransformersEngine:
 
     def __init__(self, model_path: str, token_clusters: np.ndarray, num_clusters: int, *,
                  batch_size: int = 32, max_new_tokens: int = 256, temperature: float = 0.0,
-                 device: str = "auto") -> None:
+                 device: str = "auto", threads: int = 0) -> None:
+        if threads > 0:
+            torch.set_num_threads(threads)
         self.model_path = model_path
         self.num_clusters = num_clusters
         self.batch_size = batch_size
@@ -83,6 +85,7 @@ class TransformersEngine:
             config.model_path, clusters.token_clusters, len(clusters.cluster_ids),
             batch_size=config.transformers_batch_size, max_new_tokens=config.max_new_tokens,
             temperature=config.temperature, device=config.transformers_device,
+            threads=config.transformers_threads,
         )
 
     def _eos_ids(self) -> list[int]:
