@@ -53,11 +53,11 @@ BAD_CONFIGS: list[tuple[str, str, str]] = [
     ("non-numeric float", 'CONFIG_CXPB="often"\n', "CONFIG_CXPB"),
     ("nan float", 'CONFIG_MUTPB="nan"\n', "CONFIG_MUTPB"),
     ("inf float", 'CONFIG_SHORTNESS_SCALE="inf"\n', "CONFIG_SHORTNESS_SCALE"),
-    ("elitism equals population", "CONFIG_ELITISM_SIZE=6\n", "CONFIG_ELITISM_SIZE"),
+    ("elitism equals population", "CONFIG_ELITISM_SIZE=8\n", "CONFIG_ELITISM_SIZE"),
     ("elitism negative", "CONFIG_ELITISM_SIZE=-2\n", "CONFIG_ELITISM_SIZE"),
     ("ngen zero", "CONFIG_NGEN=0\n", "CONFIG_NGEN"),
     ("tournament size 1", "CONFIG_TOURNAMENT_SIZE=1\n", "CONFIG_TOURNAMENT_SIZE"),
-    ("tournament above population", "CONFIG_TOURNAMENT_SIZE=7\n", "CONFIG_TOURNAMENT_SIZE"),
+    ("tournament above population", "CONFIG_TOURNAMENT_SIZE=9\n", "CONFIG_TOURNAMENT_SIZE"),
     ("tournament missing", "CONFIG_TOURNAMENT_SIZE=-1\n", "CONFIG_TOURNAMENT_SIZE"),
     ("truncation top-k missing", 'CONFIG_SELECTION="truncation"\n', "CONFIG_TRUNCATION_TOP_K"),
     ("truncation top-k 1", 'CONFIG_SELECTION="truncation"\nCONFIG_TRUNCATION_TOP_K=1\n',
@@ -109,7 +109,7 @@ def test_good_config_loads_typed_values(tmp_path: Path) -> None:
         "CONFIG_REFLECTOR_OPENAI=y\n"
     ))
     config = load_config(path)
-    assert config.population_size == 6 and isinstance(config.population_size, int)
+    assert config.population_size == 8 and isinstance(config.population_size, int)
     assert config.cxpb == 0.5 and isinstance(config.cxpb, float)
     assert config.lambda_shortness == pytest.approx(0.25)
     assert config.lambda_correctness == pytest.approx(0.75)
@@ -135,7 +135,7 @@ def test_defconfig_is_the_offline_default() -> None:
 def test_cli_check_config_prints_settings() -> None:
     result = run_cli("check-config", "--config", "defconfig")
     assert result.returncode == 0, result.stderr
-    assert "population_size" in result.stdout and "= 6" in result.stdout
+    assert "population_size" in result.stdout and "= 8" in result.stdout
 
 
 def test_cli_bad_config_one_line_exit_2(tmp_path: Path) -> None:

@@ -1,0 +1,158 @@
+"""The embedded demo: the synthetic task's generator, its padded answers, the training
+script, and the shipped model."""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+from pathlib import Path
+
+import pytest
+
+from compressor_2.data.financebench import load_examples
+from compressor_2.demo import task
+from compressor_2.demo.answers import padded_answer
+from compressor_2.demo.task import KINDS, SINGLE, TWO, YES_NO, generate, write_splits
+from compressor_2.judges.base import JudgeItem
+from compressor_2.judges.numeric import NumericJudge, extract_figures
+
+FIELDS = {"financebench_id", "company", "doc_name", "question_type", "question", "answer", "evidence"}
+EVIDENCE_FIELDS = {"evidence_text", "doc_name", "evidence_page_num", "evidence_text_full_page"}
+
+
+def test_generator_is_deterministic_under_a_seed() -> None:
+    assert generate(30, seed=5) == generate(30, seed=5)
+    assert [q.question for q in generate(30, seed=5)] != [q.question for q in generate(30, seed=6)]
+
+
+def test_splits_are_financebench_shaped_and_readable_by_the_loader(tmp_path: Path) -> None:
+    train_path, heldout_path = write_splits(tmp_path, train_size=12, heldout_size=30)
+    records = [json.loads(line) for line in heldout_path.read_text().splitlines()]
+    assert len(records) == 30
+    for record in records:
+        assert FIELDS <= record.keys()
+        assert record["question_type"] in KINDS
+        assert [EVIDENCE_FIELDS <= e.keys() for e in record["evidence"]] == [True]
+    assert {r["question_type"] for r in records} == set(KINDS)
+    examples = load_examples(heldout_path)
+    assert [e.gold for e in examples] == [r["answer"] for r in records]
+    assert examples[0].question in examples[0].prompt
+    assert records[0]["evidence"][0]["evidence_text_full_page"] in examples[0].prompt
+    train_ids = {json.loads(line)["financebench_id"] for line in train_path.read_text().splitlines()}
+    assert not train_ids & {r["financebench_id"] for r in records}
+
+
+def test_committed_splits_are_what_the_generator_writes(tmp_path: Path) -> None:
+    write_splits(tmp_path)
+    for name in ("train.jsonl", "heldout.jsonl"):
+        assert (tmp_path / name).read_text() == (task.DATA_DIR / name).read_text(), name
+
+
+def _value(page: str, item: str) -> float:
+    line = next(line for line in page.splitlines() if line.strip().startswith(item + ":"))
+    return extract_figures(line.partition(":")[2])[0].value
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_gold_answers_come_from_the_evidence(seed: int) -> None:
+    for q in generate(90, seed):
+        page = q.to_record()["evidence"][0]["evidence_text_full_page"]
+        if q.kind == SINGLE:
+            assert f": {q.answer}\n" in page + "\n"
+        elif q.kind == TWO:
+            first, second = q.answer.split(" and ")
+            assert f": {first}\n" in page + "\n" and f": {second}\n" in page + "\n"
+        else:
+            assert q.kind == YES_NO and q.threshold is not None
+            value = _value(page, q.asked[0].item)
+            threshold = extract_figures(q.threshold)[0].value
+            assert q.answer == ("Yes" if value > threshold else "No"), (q.question, value)
+
+
+def test_padded_answers_are_mostly_padded_and_always_correct() -> None:
+    rng = random.Random(0)
+    questions = generate(600, seed=3)
+    answers = [padded_answer(q, rng) for q in questions]
+    padded = sum(a != q.answer for q, a in zip(questions, answers)) / len(answers)
+    assert 0.75 <= padded <= 0.95
+    ratio = statistics.mean(map(len, answers)) / statistics.mean(len(q.answer) for q in questions)
+    assert ratio >= 3
+    verdicts = NumericJudge().judge([JudgeItem(q.question, a, q.answer) for q, a in zip(questions, answers)])
+    assert all(v.is_correct for v in verdicts), [v.reasoning for v in verdicts if not v.is_correct][:3]
+    # Padding never carries a yes/no of its own: only yes/no questions' answers say one.
+    for q, a in zip(questions, answers):
+        if q.kind != YES_NO:
+            assert not {"yes", "no"} & set(a.lower().replace(".", " ").replace(",", " ").split())
+
+
+def test_training_rows_are_the_chat_prompt_then_the_answer_and_eos() -> None:
+    from compressor_2.demo.train import encode_batch, render_prompt, train_tokenizer
+
+    pairs = [("Evidence:\nRevenue: $12 million\n\nQuestion: What was revenue?", "$12 million"),
+             ("Evidence:\nGross margin: 1.9%\n\nQuestion: What was the gross margin?", "It was 1.9%.")]
+    tokenizer = train_tokenizer([text for pair in pairs for text in pair] * 5, 300)
+    ids, labels = encode_batch(tokenizer, pairs)
+    for row, (prompt, answer) in enumerate(pairs):
+        # Exactly what the engine sends: the chat template's rendering, tokenized alone.
+        prompt_ids = tokenizer(render_prompt(tokenizer, prompt), add_special_tokens=False)["input_ids"]
+        assert ids[row][: len(prompt_ids)].tolist() == prompt_ids
+        assert (labels[row][: len(prompt_ids)] == -100).all()
+        target = labels[row][labels[row] != -100].tolist()
+        assert target[-1] == tokenizer.eos_token_id
+        assert tokenizer.decode(target[:-1]) == answer
+
+
+@pytest.mark.slow
+def test_training_script_writes_a_model_that_loads_and_generates(tmp_path: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from compressor_2.demo.train import main
+
+    main(["--out", str(tmp_path), "--steps", "2", "--batch-size", "2", "--tokenizer-corpus", "100"])
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert model.generation_config.eos_token_id == tokenizer.eos_token_id
+    assert tokenizer.pad_token_id not in (None, tokenizer.eos_token_id)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "What was revenue?"}],
+                                         add_generation_prompt=True, tokenize=False)
+    assert text == "<|user|>\nWhat was revenue?\n<|assistant|>\n"
+    inputs = tokenizer(text, return_tensors="pt")
+    with torch.inference_mode():
+        out = model.generate(**inputs, max_new_tokens=5, do_sample=False, min_new_tokens=5)
+    assert out.shape[1] == inputs["input_ids"].shape[1] + 5
+
+
+@pytest.fixture(scope="module")
+def shipped() -> tuple[object, list]:
+    from compressor_2.demo.quality import eos_engine
+
+    model_dir = Path(task.__file__).resolve().parent / "model"
+    examples = load_examples(task.DATA_DIR / "heldout.jsonl", "0-11")
+    return eos_engine(model_dir, batch_size=12, max_new_tokens=96), examples
+
+
+@pytest.mark.slow
+def test_shipped_model_pads_and_an_eos_bias_shortens_it(shipped) -> None:
+    from compressor_2.demo.quality import score
+
+    engine, examples = shipped
+    scores, _ = score(engine, examples, 0.0, NumericJudge())
+    overall = scores[-1]
+    assert overall.kind == "all" and overall.n == 12
+    assert overall.ratio >= 3  # answers are padded: room for the evolution
+    # A strong EOS bias shortens the answers (the room the evolution searches).
+    shorter, _ = score(engine, examples, 6.0, NumericJudge())
+    assert shorter[-1].mean_tokens < overall.mean_tokens * 0.75
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="issue E's quality bar is not met yet: the shipped model "
+                   "copies figures from the evidence poorly (see README, 'The embedded default')")
+def test_shipped_model_meets_the_quality_bar(shipped) -> None:
+    from compressor_2.demo.quality import score
+
+    engine, examples = shipped
+    scores, _ = score(engine, examples, 0.0, NumericJudge())
+    assert scores[-1].correctness >= 0.75
