@@ -110,14 +110,14 @@ def test_make_selection_accepts_the_bounds(base_config):
 
 @pytest.mark.parametrize(("text", "symbol"), [
     ('CONFIG_SELECTION="truncation"\nCONFIG_TRUNCATION_TOP_K=1\n', "CONFIG_TRUNCATION_TOP_K"),
-    ('CONFIG_SELECTION="truncation"\nCONFIG_TRUNCATION_TOP_K=7\n', "CONFIG_TRUNCATION_TOP_K"),
+    ('CONFIG_SELECTION="truncation"\nCONFIG_TRUNCATION_TOP_K=9\n', "CONFIG_TRUNCATION_TOP_K"),
     ('CONFIG_SELECTION="truncation"\n', "CONFIG_TRUNCATION_TOP_K"),  # still at its sentinel
     ('CONFIG_SELECTION="tournament"\nCONFIG_TOURNAMENT_SIZE=1\n', "CONFIG_TOURNAMENT_SIZE"),
-    ('CONFIG_SELECTION="tournament"\nCONFIG_TOURNAMENT_SIZE=7\n', "CONFIG_TOURNAMENT_SIZE"),
+    ('CONFIG_SELECTION="tournament"\nCONFIG_TOURNAMENT_SIZE=9\n', "CONFIG_TOURNAMENT_SIZE"),
     ('CONFIG_SELECTION="tournament"\n', "CONFIG_TOURNAMENT_SIZE"),
 ])
 def test_the_loader_applies_the_same_selection_rules(tmp_path: Path, text: str, symbol: str):
-    """The defconfig (population 6) with its selection lines replaced by `text`."""
+    """The defconfig (population 8) with its selection lines replaced by `text`."""
     base = "".join(line + "\n" for line in (REPO / "defconfig").read_text().splitlines()
                    if not line.startswith(("CONFIG_SELECTION=", "CONFIG_TOURNAMENT_SIZE=",
                                            "CONFIG_TRUNCATION_TOP_K=")))
