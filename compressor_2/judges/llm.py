@@ -56,8 +56,8 @@ class LLMJudge:
 
     @classmethod
     def from_config(cls, config: Config) -> LLMJudge:
-        return cls(config.judge_model, config.judge_base_url,
-                   api_key_from_env(config.judge_api_key_env, "the judge", "JUDGE_API_KEY_ENV"), config.correctness_tolerance)
+        key = api_key_from_env(config.judge_api_key_env, "the judge", "JUDGE_API_KEY_ENV")
+        return cls(config.judge_model, config.judge_base_url, key, config.correctness_tolerance)
 
     def judge(self, items: Sequence[JudgeItem]) -> list[Verdict]:
         if len(items) <= 1:

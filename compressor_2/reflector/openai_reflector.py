@@ -35,8 +35,8 @@ class OpenAIProposer:
 
     @classmethod
     def from_config(cls, config: Config) -> OpenAIProposer:
-        return cls(config.reflector_model, config.reflector_base_url,
-                   api_key_from_env(config.reflector_api_key_env, "the reflector", "REFLECTOR_API_KEY_ENV"), config.reflector_timeout,
+        key = api_key_from_env(config.reflector_api_key_env, "the reflector", "REFLECTOR_API_KEY_ENV")
+        return cls(config.reflector_model, config.reflector_base_url, key, config.reflector_timeout,
                    config.reflector_max_retries)
 
     def mutation(self, request: MutationRequest, messages: list[Message], attempt: int) -> Reply:
