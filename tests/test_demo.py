@@ -87,12 +87,12 @@ def test_padded_answers_are_mostly_padded_and_always_correct() -> None:
 
 
 def test_training_rows_are_the_chat_prompt_then_the_answer_and_eos() -> None:
-    from compressor_2.demo.train import encode_batch, render_prompt, train_tokenizer
+    from compressor_2.demo.train import answer_rows, encode_rows, render_prompt, train_tokenizer
 
     pairs = [("Evidence:\nRevenue: $12 million\n\nQuestion: What was revenue?", "$12 million"),
              ("Evidence:\nGross margin: 1.9%\n\nQuestion: What was the gross margin?", "It was 1.9%.")]
     tokenizer = train_tokenizer([text for pair in pairs for text in pair] * 5, 300)
-    ids, labels = encode_batch(tokenizer, pairs)
+    ids, labels = encode_rows(tokenizer, answer_rows(tokenizer, pairs))
     for row, (prompt, answer) in enumerate(pairs):
         # Exactly what the engine sends: the chat template's rendering, tokenized alone.
         prompt_ids = tokenizer(render_prompt(tokenizer, prompt), add_special_tokens=False)["input_ids"]
@@ -101,6 +101,33 @@ def test_training_rows_are_the_chat_prompt_then_the_answer_and_eos() -> None:
         target = labels[row][labels[row] != -100].tolist()
         assert target[-1] == tokenizer.eos_token_id
         assert tokenizer.decode(target[:-1]) == answer
+
+
+def test_look_up_rows_train_only_the_figures_after_their_line_labels() -> None:
+    from compressor_2.demo.train import TrainingStream, encode_rows, train_tokenizer
+
+    stream = TrainingStream(seed=0)
+    rows = stream.recalls(2)
+    tokenizer = train_tokenizer([text for row in rows for text, _ in row] * 3, 600)
+    ids, labels = encode_rows(tokenizer, rows)
+    for row, segments in enumerate(rows):
+        page, *lines = segments
+        assert not page[1] and page[0].count(":") == len(lines) // 2
+        trained = [text for text, is_trained in lines if is_trained]
+        assert all(text[0].isdigit() for text in trained)
+        assert all(text.strip() in page[0] for text in trained)
+        target = labels[row][labels[row] != -100].tolist()
+        assert tokenizer.decode(target) == "".join(trained)
+
+
+def test_a_line_label_and_the_opening_of_its_value_are_one_token() -> None:
+    from compressor_2.demo.train import train_tokenizer
+
+    texts = ["  Net Income: $1,577 million", "  Gross Margin: 41.3%", "What was Net Income?"] * 5
+    tokenizer = train_tokenizer(texts, 400)
+    pieces = [tokenizer.decode([i]) for i in tokenizer("  Net Income: $1,577 million")["input_ids"]]
+    assert " Net Income: $" in pieces and "577" in pieces
+    assert " Net Income" in [tokenizer.decode([i]) for i in tokenizer("What was Net Income?")["input_ids"]]
 
 
 @pytest.mark.slow
@@ -143,7 +170,7 @@ def test_shipped_model_pads_and_an_eos_bias_shortens_it(shipped) -> None:
     assert overall.kind == "all" and overall.n == 12
     assert overall.ratio >= 3  # answers are padded: room for the evolution
     # A strong EOS bias shortens the answers (the room the evolution searches).
-    shorter, _ = score(engine, examples, 6.0, NumericJudge())
+    shorter, _ = score(engine, examples, 8.0, NumericJudge())
     assert shorter[-1].mean_tokens < overall.mean_tokens * 0.75
 
 

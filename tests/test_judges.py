@@ -46,6 +46,8 @@ def test_extract_figures_skips_years_ids_dates_and_list_markers() -> None:
     text = "3M's FY2022 10-K (filed January 28, 2023) lists: (1) Q2 items, 2) the 3-year plan."
     assert extract_figures(text) == []
     assert [f.decimals for f in extract_figures("0.83 and $1577.00 and 5")] == [2, 2, 0]
+    # A year is never written with a thousands separator: this is a headcount.
+    assert [f.value for f in extract_figures("2,070 employees in 2020")] == [2070.0]
 
 
 @pytest.mark.parametrize(("gold", "kind"), [

@@ -103,7 +103,7 @@ _SUFFIXES = (
     "Industries", "Holdings", "Corp", "Group", "Systems", "Foods", "Energy", "Retail",
     "Logistics", "Pharmaceuticals", "Technologies", "Materials",
 )
-ITEMS_PER_PAGE = (5, 8)
+ITEMS_PER_PAGE = (4, 6)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Train the embedded demo model: a byte-level BPE tokenizer and a small Llama-style LM.
+"""Train the embedded demo model: a byte-level BPE tokenizer and a small GPT-2.
 
 The model learns to answer the synthetic task's questions (`compressor_2.demo.task`)
 from prompts built exactly as the engines build them (`build_prompt` with the default
@@ -15,6 +15,7 @@ import argparse
 import itertools
 import math
 import random
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +24,8 @@ import torch
 from tqdm import tqdm
 
 from compressor_2.data.prompt import DEFAULT_TEMPLATE, build_prompt
-from compressor_2.demo.answers import Padding, padded_answer
-from compressor_2.demo.task import iter_questions
+from compressor_2.demo.answers import padded_answer
+from compressor_2.demo.task import LINE_ITEMS, iter_questions
 
 MODEL_DIR = Path(__file__).resolve().parent / "model"
 EOS, PAD, USER, ASSISTANT = "<|endoftext|>", "<pad>", "<|user|>", "<|assistant|>"
@@ -33,10 +34,18 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n"
     "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
-# GPT-2's pre-tokenization, except that a space joins only a following word: a figure
-# or a symbol is then the same token wherever it stands ("$" opening an answer, " $"
-# in the evidence), which copying a figure from the evidence needs.
-_PRE_TOKENIZE = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+|\p{N}+|[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+# GPT-2's pre-tokenization with three changes that make a figure easy to copy from the
+# evidence. A line item's label is one token, and so is the label with the ": " or ": $"
+# that opens its value: the first digits of a figure then follow a token naming its line,
+# in the evidence as in an answer quoting it. Digits come in runs of at most three (every
+# run is in the vocabulary), so most of a figure's pieces are unique on its page. A space
+# joins only a following word, so "$" is one token wherever it stands.
+_LABELS = "|".join(re.escape(item.name) for item in sorted(LINE_ITEMS, key=lambda i: -len(i.name)))
+_PRE_TOKENIZE = (
+    r" ?(?:" + _LABELS + r")(?:: \$?)?|'(?:[sdmt]|ll|ve|re)| ?\p{L}+|\p{N}{1,3}|[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+)
+# Every run of one to three digits, so that the BPE merges cover all of them.
+_DIGIT_RUNS = [" ".join(f"{i:0{width}d}" for i in range(10 ** width)) for width in (1, 2, 3)]
 # Training questions come from their own stream, never the committed splits' seeds.
 CORPUS_SEED_OFFSET = 1000
 
@@ -44,41 +53,55 @@ CORPUS_SEED_OFFSET = 1000
 @dataclass(frozen=True)
 class TrainSettings:
     seed: int = 0
-    vocab_size: int = 1024
+    vocab_size: int = 2400
     tokenizer_corpus: int = 3000  # question/answer pairs the BPE merges are learnt from
     hidden_size: int = 128
     layers: int = 4
     heads: int = 4
-    intermediate_size: int = 384
+    intermediate_size: int = 512
     max_positions: int = 512
     batch_size: int = 16
     learning_rate: float = 3e-3
     warmup_steps: int = 100
     steps: int = 3000
-    curriculum: float = 0.0  # share of the run trained on bare-heavy answers
+    recall_share: float = 0.25  # share of each batch that is look-up rows
     minutes: float = 14.0  # the wall-clock budget wins over `steps` when it runs out first
 
 
+Segment = tuple[str, bool]  # a piece of a training row, and whether the loss covers it
+
+
 class TrainingStream:
-    """(prompt, padded answer) pairs, endless; the prompt is what the loader would build.
+    """Endless, seeded training material drawn from the synthetic task."""
 
-    Early in the run (`progress` < `curriculum`) more answers are bare: the figures are
-    then a larger share of the loss, and the copying they need is learnt sooner.
-    """
-
-    def __init__(self, seed: int, curriculum: float = 0.0, early_bare: float = 0.6) -> None:
+    def __init__(self, seed: int) -> None:
         self._questions = iter_questions(seed + CORPUS_SEED_OFFSET, prefix="corpus")
         self._rng = random.Random(seed + CORPUS_SEED_OFFSET + 1)
-        self._curriculum = curriculum
-        self._early = Padding(bare=early_bare)
 
-    def take(self, n: int, progress: float = 1.0) -> list[tuple[str, str]]:
-        padding = self._early if progress < self._curriculum else Padding()
-        pairs = []
+    def answers(self, n: int) -> list[tuple[str, str]]:
+        """(prompt, padded answer) pairs; the prompt is what the loader would build."""
+        return [(build_prompt(q.question, [q.page], DEFAULT_TEMPLATE), padded_answer(q, self._rng))
+                for q in itertools.islice(self._questions, n)]
+
+    def recalls(self, n: int) -> list[list[Segment]]:
+        """Look-up rows: an evidence page, then each of its lines again in a shuffled
+        order, with the loss on the figures. Looking a figure up by its line item is the
+        skill every answer needs, and these rows teach it densely."""
+        rows = []
         for q in itertools.islice(self._questions, n):
-            prompt = build_prompt(q.question, [q.page], DEFAULT_TEMPLATE)
-            pairs.append((prompt, padded_answer(q, self._rng, padding)))
-        return pairs
+            lines = q.page.split("\n\n", 1)[1].splitlines()
+            self._rng.shuffle(lines)
+            row: list[Segment] = [(q.page + "\n", False)]
+            for line in lines:
+                first_digit = re.search(r"\d", line).start()
+                row += [("\n" + line[:first_digit], False), (line[first_digit:], True)]
+            rows.append(row)
+        return rows
+
+
+def answer_rows(tokenizer, pairs: list[tuple[str, str]]) -> list[list[Segment]]:
+    """The chat-template prompt (no loss), then the answer and EOS (loss)."""
+    return [[(render_prompt(tokenizer, p), False), (a + tokenizer.eos_token, True)] for p, a in pairs]
 
 
 def train_tokenizer(texts: list[str], vocab_size: int):
@@ -111,39 +134,44 @@ def render_prompt(tokenizer, prompt: str) -> str:
     )
 
 
-def encode_batch(tokenizer, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """input_ids and labels (-100 outside answer + EOS), right-padded.
+def encode_rows(tokenizer, rows: list[list[Segment]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """input_ids and labels (-100 where the loss does not reach), right-padded.
 
-    The prompt and the answer are tokenized separately, as at inference, where the
-    prompt is encoded alone and the answer is generated after it. Right padding needs
-    no attention mask (real tokens never attend to later pads), which lets attention
-    take its fast causal path.
+    Segments are tokenized separately, as at inference, where the prompt is encoded
+    alone and the answer is generated after it. Right padding needs no attention mask
+    (real tokens never attend to later pads), which keeps attention on its fast path.
     """
-    prompts = tokenizer([render_prompt(tokenizer, p) for p, _ in pairs])["input_ids"]
-    answers = tokenizer([a for _, a in pairs])["input_ids"]
-    rows = [(p, a + [tokenizer.eos_token_id]) for p, a in zip(prompts, answers)]
-    width = max(len(p) + len(a) for p, a in rows)
-    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
-    labels = torch.full((len(rows), width), -100, dtype=torch.long)
-    for i, (p, a) in enumerate(rows):
-        n = len(p) + len(a)
-        ids[i, :n] = torch.tensor(p + a)
-        labels[i, len(p):n] = torch.tensor(a)
-    return ids, labels
+    encoded = []
+    for row in rows:
+        ids: list[int] = []
+        labels: list[int] = []
+        for text, trained in row:
+            piece = tokenizer(text, add_special_tokens=False)["input_ids"]
+            ids += piece
+            labels += piece if trained else [-100] * len(piece)
+        encoded.append((ids, labels))
+    width = max(len(ids) for ids, _ in encoded)
+    ids_t = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    labels_t = torch.full((len(rows), width), -100, dtype=torch.long)
+    for i, (ids, labels) in enumerate(encoded):
+        ids_t[i, :len(ids)] = torch.tensor(ids)
+        labels_t[i, :len(labels)] = torch.tensor(labels)
+    return ids_t, labels_t
 
 
 def build_model(settings: TrainSettings, tokenizer):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    # GPT-2's learned absolute positions: in trials here it learnt to look a figure up
+    # in the evidence within the budget, where RoPE (Llama-style) models had not started.
+    from transformers import GPT2Config, GPT2LMHeadModel
 
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=settings.hidden_size,
-        intermediate_size=settings.intermediate_size, num_hidden_layers=settings.layers,
-        num_attention_heads=settings.heads, num_key_value_heads=settings.heads,
-        max_position_embeddings=settings.max_positions, tie_word_embeddings=True,
+    config = GPT2Config(
+        vocab_size=len(tokenizer), n_positions=settings.max_positions, n_embd=settings.hidden_size,
+        n_layer=settings.layers, n_head=settings.heads, n_inner=settings.intermediate_size,
+        activation_function="gelu", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
         bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    return LlamaForCausalLM(config)
+    return GPT2LMHeadModel(config)
 
 
 def _learning_rate(settings: TrainSettings, step: int, progress: float) -> float:
@@ -159,9 +187,10 @@ def train(settings: TrainSettings, out: Path, log_every: int = 50) -> dict[str, 
 
     random.seed(settings.seed)
     torch.manual_seed(settings.seed)
-    stream = TrainingStream(settings.seed, settings.curriculum)
-    corpus = stream.take(settings.tokenizer_corpus)
-    tokenizer = train_tokenizer([text for pair in corpus for text in pair], settings.vocab_size)
+    stream = TrainingStream(settings.seed)
+    corpus = stream.answers(settings.tokenizer_corpus)
+    tokenizer = train_tokenizer([text for pair in corpus for text in pair] + _DIGIT_RUNS * 3,
+                                settings.vocab_size)
     model = build_model(settings, tokenizer)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, weight_decay=0.01)
@@ -177,7 +206,9 @@ def train(settings: TrainSettings, out: Path, log_every: int = 50) -> dict[str, 
             progress = max(step / settings.steps, elapsed / budget)
             for group in optimizer.param_groups:
                 group["lr"] = _learning_rate(settings, step, progress)
-            ids, labels = encode_batch(tokenizer, stream.take(settings.batch_size, progress))
+            recalls = round(settings.batch_size * settings.recall_share)
+            rows = stream.recalls(recalls) + answer_rows(tokenizer, stream.answers(settings.batch_size - recalls))
+            ids, labels = encode_rows(tokenizer, rows)
             loss = model(input_ids=ids, labels=labels).loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -209,12 +240,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
     parser.add_argument("--tokenizer-corpus", type=int, default=defaults.tokenizer_corpus)
-    parser.add_argument("--curriculum", type=float, default=defaults.curriculum)
+    parser.add_argument("--recall-share", type=float, default=defaults.recall_share)
     parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate)
     args = parser.parse_args(argv)
     settings = TrainSettings(seed=args.seed, steps=args.steps, minutes=args.minutes,
                              batch_size=args.batch_size, tokenizer_corpus=args.tokenizer_corpus,
-                             curriculum=args.curriculum, learning_rate=args.learning_rate)
+                             recall_share=args.recall_share, learning_rate=args.learning_rate)
     summary = train(settings, args.out)
     print(f"saved to {args.out}: {summary['params'] / 1e6:.2f}M parameters, {summary['steps']} steps, "
           f"loss {summary['loss']:.3f}, {summary['minutes']:.1f} minutes")

@@ -136,7 +136,8 @@ def extract_figures(text: str) -> list[Figure]:
             continue  # "3M" is a company, "$3M" is three million
         scale_word = (m["word"] or m["abbr"] or m["letter"] or "").lower()
         plain = not (m["cur"] or m["pct"] or scale_word or m["minus"] or m["minus2"])
-        if plain and (_YEAR.fullmatch(digits) or _MONTH_BEFORE.search(text, 0, m.start())):
+        # Years are never written with a thousands separator: "2,070" is a count.
+        if plain and ((_YEAR.fullmatch(m["num"])) or _MONTH_BEFORE.search(text, 0, m.start())):
             continue
         if plain and (m["close1"] or m["close"]) and digits.isdigit() and len(digits) == 1:
             continue
