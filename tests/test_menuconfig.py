@@ -52,9 +52,9 @@ def test_menuconfig_changes_one_value_and_saves(tmp_path: Path) -> None:
         pane.keys("/")
         pane.wait_for(lambda s: "Jump to symbol/choice" in s, "the jump dialog")
         pane.keys("^NGEN$")
-        pane.wait_for(lambda s: 'NGEN(=8) "Generations to run' in s, "the NGEN search hit")
+        pane.wait_for(lambda s: 'NGEN(=16) "Generations to run' in s, "the NGEN search hit")
         pane.keys("Enter")
-        pane.wait_for(lambda s: "(8) Generations to run" in s and "Jump to symbol/choice" not in s,
+        pane.wait_for(lambda s: "(16) Generations to run" in s and "Jump to symbol/choice" not in s,
                       "the NGEN entry in its menu")
         pane.keys("Enter")
         pane.wait_for(lambda s: "Generations to run (required, >= 1) (int)" in s, "the input box")

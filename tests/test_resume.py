@@ -129,8 +129,11 @@ def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path, shared, ti
 
 
 def start_evolve(config_path: Path) -> subprocess.Popen[str]:
+    # As from a terminal: a test run started in the background (`make test &`) inherits
+    # an ignored SIGINT, which Python would keep, and Ctrl+C is what is being tested.
     return subprocess.Popen([sys.executable, "-m", "compressor_2", "evolve", "--config", str(config_path)],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def interrupt_after(proc: subprocess.Popen[str], state_path: Path, generation: int, sig: int) -> int:
