@@ -12,7 +12,7 @@ import pytest
 
 from compressor_2.data.financebench import load_examples
 from compressor_2.demo import task
-from compressor_2.demo.answers import padded_answer
+from compressor_2.demo.answers import direct_answer, padded_answer
 from compressor_2.demo.task import KINDS, SINGLE, TWO, YES_NO, generate, write_splits
 from compressor_2.judges.base import JudgeItem
 from compressor_2.judges.numeric import NumericJudge, extract_figures
@@ -74,7 +74,7 @@ def test_padded_answers_are_mostly_padded_and_always_correct() -> None:
     rng = random.Random(0)
     questions = generate(600, seed=3)
     answers = [padded_answer(q, rng) for q in questions]
-    padded = sum(a != q.answer for q, a in zip(questions, answers)) / len(answers)
+    padded = sum(a != direct_answer(q) for q, a in zip(questions, answers)) / len(answers)
     assert 0.75 <= padded <= 0.95
     ratio = statistics.mean(map(len, answers)) / statistics.mean(len(q.answer) for q in questions)
     assert ratio >= 3
@@ -84,6 +84,27 @@ def test_padded_answers_are_mostly_padded_and_always_correct() -> None:
     for q, a in zip(questions, answers):
         if q.kind != YES_NO:
             assert not {"yes", "no"} & set(a.lower().replace(".", " ").replace(",", " ").split())
+
+
+def test_the_direct_answer_quotes_the_figures_at_most_one_token_longer_than_the_gold() -> None:
+    from compressor_2.demo.train import train_tokenizer
+
+    questions = generate(90, seed=6)
+    directs = [direct_answer(q) for q in questions]
+    verdicts = NumericJudge().judge([JudgeItem(q.question, d, q.answer) for q, d in zip(questions, directs)])
+    assert all(v.is_correct for v in verdicts), [v.reasoning for v in verdicts if not v.is_correct][:3]
+    tokenizer = train_tokenizer([q.page for q in questions] + directs + [q.answer for q in questions], 1200)
+
+    def tokens(text: str) -> int:
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    for q, direct in zip(questions, directs):
+        if q.kind == SINGLE:
+            assert direct.startswith(q.asked[0].item + ": ") and direct.endswith(q.answer)
+            # "Revenue: $" is one token, as "$" is; "Gross Margin: " is one token more.
+            assert tokens(direct) == tokens(q.answer) + (0 if q.answer.startswith("$") else 1), direct
+        elif q.kind == YES_NO:
+            assert direct == q.answer
 
 
 def test_training_rows_are_the_chat_prompt_then_the_answer_and_eos() -> None:
@@ -175,11 +196,12 @@ def test_shipped_model_pads_and_an_eos_bias_shortens_it(shipped) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="issue E's quality bar is not met yet: the shipped model "
-                   "answers 53% of held-out questions right, not 80% (see README, 'The embedded default')")
+@pytest.mark.xfail(strict=True, reason="issue E's quality bar is not met yet: the shipped model answers 74.7% "
+                   "of the held-out questions right, not 80% (see README, 'The embedded default')")
 def test_shipped_model_meets_the_quality_bar(shipped) -> None:
     from compressor_2.demo.quality import score
 
-    engine, examples = shipped
-    scores, _ = score(engine, examples, 0.0, NumericJudge())
-    assert scores[-1].correctness >= 0.75
+    engine, _ = shipped
+    scores, _ = score(engine, load_examples(task.DATA_DIR / "heldout.jsonl"), 0.0, NumericJudge())
+    assert scores[-1].n == 150 and scores[-1].ratio >= 3
+    assert scores[-1].correctness >= 0.80

@@ -63,6 +63,17 @@ def _quote(fact: Fact) -> str:
     return f"{fact.item}: {fact.value}"
 
 
+def direct_answer(q: DemoQuestion) -> str:
+    """The shortest answer: the verdict of a yes/no question, else the figures quoted with
+    their line labels ("Revenue: $1,577 million"). A label and the `: $` or `: ` opening
+    its value are one token, so a quote costs at most one token more than the bare
+    figure (none for an amount), and it keeps what the model looks the figure up by:
+    after a bare "$" it has to guess the line."""
+    if q.kind == YES_NO:
+        return q.answer
+    return "; ".join(_quote(fact) for fact in q.asked)
+
+
 def _core_sentence(q: DemoQuestion, rng: random.Random) -> str:
     """The answer proper; it quotes the evidence line(s) it rests on, as careful models do."""
     first = _quote(q.asked[0])
@@ -108,13 +119,13 @@ def _join_after_preamble(preamble: str, core: str) -> str:
 def padded_answer(q: DemoQuestion, rng: random.Random, padding: Padding = Padding()) -> str:
     """One training answer for `q` (without the EOS token, which training appends)."""
     if rng.random() < padding.bare:
-        return q.answer
+        return direct_answer(q)
     fields = {
         "doc": q.doc_name, "company": q.company, "company_s": possessive(q.company),
         "year": q.year,
         "items": " and ".join(fact.item for fact in q.asked),
     }
-    core = _core_sentence(q, rng) if rng.random() < padding.core_sentence else q.answer + "."
+    core = _core_sentence(q, rng) if rng.random() < padding.core_sentence else direct_answer(q) + "."
     text = core
     if rng.random() < padding.preamble:
         text = _join_after_preamble(rng.choice(_PREAMBLES).format(**fields), core)
