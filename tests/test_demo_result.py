@@ -8,7 +8,6 @@ two `evaluate` calls run on clusters built afresh with the defconfig's settings.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 

@@ -1,10 +1,11 @@
 """Training answers padded the way real models pad them.
 
-An answer is the bare gold, or the core answer (the gold, or a sentence carrying it)
-wrapped at random in a preamble, a restatement of the question, a hedge and a closing
-pleasantry. The core always comes before the hedge and the closing, so a model that
-learnt these answers can be stopped right after the core: that is the room the
-evolution has to find. Padding never says "yes" or "no", so it cannot flip a verdict.
+An answer is the direct answer (the figures quoted with their line labels, or the
+yes/no), or the core answer (the direct answer, or a sentence carrying it) wrapped at
+random in a preamble, a restatement of the question, a hedge and a closing pleasantry.
+The core always comes before the hedge and the closing, so a model that learnt these
+answers can be stopped right after the core: that is the room the evolution has to find.
+Padding never says "yes" or "no", so it cannot flip a verdict.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from compressor_2.demo.task import SINGLE, TWO, YES_NO, DemoQuestion, Fact, poss
 class Padding:
     """How often each piece appears; the defaults give ~85% padded answers."""
 
-    bare: float = 0.15  # the gold alone
-    core_sentence: float = 0.8  # in a padded answer: a sentence rather than the gold alone
+    direct: float = 0.15  # the direct answer alone
+    core_sentence: float = 0.8  # in a padded answer: a sentence rather than the direct answer
     preamble: float = 0.6
     restatement: float = 0.5
     hedge: float = 0.55
@@ -118,7 +119,7 @@ def _join_after_preamble(preamble: str, core: str) -> str:
 
 def padded_answer(q: DemoQuestion, rng: random.Random, padding: Padding = Padding()) -> str:
     """One training answer for `q` (without the EOS token, which training appends)."""
-    if rng.random() < padding.bare:
+    if rng.random() < padding.direct:
         return direct_answer(q)
     fields = {
         "doc": q.doc_name, "company": q.company, "company_s": possessive(q.company),
