@@ -1,7 +1,7 @@
 """Training answers padded the way real models pad them.
 
-An answer is the direct answer (the figures quoted with their line labels, or the
-yes/no), or the core answer (the direct answer, or a sentence carrying it) wrapped at
+An answer is the direct answer (the figures quoted with their line labels; for a yes/no,
+the figure quoted and then the verdict), or the core answer (the direct answer, or a sentence carrying it) wrapped at
 random in a preamble, a restatement of the question, a hedge and a closing pleasantry.
 The core always comes before the hedge and the closing, so a model that learnt these
 answers can be stopped right after the core: that is the room the evolution has to find.
@@ -65,13 +65,16 @@ def _quote(fact: Fact) -> str:
 
 
 def direct_answer(q: DemoQuestion) -> str:
-    """The shortest answer: the verdict of a yes/no question, else the figures quoted with
-    their line labels ("Revenue: $1,577 million"). A label and the `: $` or `: ` opening
-    its value are one token, so a quote costs at most one token more than the bare
-    figure (none for an amount), and it keeps what the model looks the figure up by:
-    after a bare "$" it has to guess the line."""
+    """The shortest answer: the figures quoted with their line labels ("Revenue: $1,577
+    million"); for a yes/no, the figure quoted, then the verdict ("Revenue: $1,577
+    million, so no"). A label and the `: $` or `: ` opening its value are one token, so
+    a quote costs at most one token more than the bare figure (none for an amount), and
+    it keeps what the model looks the figure up by: after a bare "$" it has to guess the
+    line. A verdict comes after the figure it rests on, never before: a model this small
+    compares a figure it has just written with the question's threshold, but cannot
+    compare one it has not looked up yet."""
     if q.kind == YES_NO:
-        return q.answer
+        return f"{_quote(q.asked[0])}, so {q.answer.lower()}"
     return "; ".join(_quote(fact) for fact in q.asked)
 
 
@@ -92,25 +95,18 @@ def _core_sentence(q: DemoQuestion, rng: random.Random) -> str:
             f"The selected financial data shows {first} and {second}.",
         ))
     if q.kind == YES_NO:
-        if q.answer == "Yes":
-            return rng.choice((
-                f"Yes. {first}, which is above {q.threshold}.",
-                f"{first}, above {q.threshold}, so yes.",
-                f"The selected financial data shows {first}, which exceeds {q.threshold}, so yes.",
-            ))
+        # Always "above"/"below" and the verdict last, so every answer teaches the same
+        # comparison in the same words.
+        side, verdict = ("above", "yes") if q.answer == "Yes" else ("below", "no")
         return rng.choice((
-            f"No. {first}, which does not exceed {q.threshold}.",
-            f"{first}, below {q.threshold}, so no.",
-            f"The selected financial data shows {first}, which is below {q.threshold}, so no.",
+            f"{first}, which is {side} {q.threshold}, so {verdict}.",
+            f"{possessive(q.company)} {first}, which is {side} {q.threshold}, so {verdict}.",
+            f"The selected financial data shows {first}, which is {side} {q.threshold}, so {verdict}.",
         ))
     raise ValueError(f"unknown question kind {q.kind!r}")
 
 
 def _join_after_preamble(preamble: str, core: str) -> str:
-    # A yes/no after "Based on ...," gets a colon: the judge reads a yes/no that opens
-    # the answer or a sentence, and so do people.
-    if preamble.endswith(", ") and core.startswith(("Yes", "No")):
-        return preamble[:-2] + ": " + core
     # "..., the revenue was": a comma continues the sentence.
     if preamble.endswith(", ") and core.startswith("The "):
         return preamble + core[0].lower() + core[1:]

@@ -65,7 +65,7 @@ class LineItem:
         return max(self.step, round(raw / self.step) * self.step)
 
 
-LINE_ITEMS = (
+LINE_ITEMS: tuple[LineItem, ...] = (
     LineItem("Revenue", _money, 800, 90_000, 1, True),
     LineItem("Cost of Sales", _money, 400, 60_000, 1, True),
     LineItem("Gross Profit", _money, 200, 40_000, 1, True),
@@ -178,7 +178,7 @@ def _round_threshold(value: float, item: LineItem) -> float:
     return max(item.step, round(rounded / item.step) * item.step)
 
 
-def _threshold(rng: random.Random, item: LineItem, value: float, yes: bool) -> float:
+def pick_threshold(rng: random.Random, item: LineItem, value: float, yes: bool) -> float:
     """A round figure clearly below `value` (answer Yes) or clearly above it (No)."""
     for _ in range(50):
         factor = rng.uniform(0.35, 0.8) if yes else rng.uniform(1.25, 2.5)
@@ -237,7 +237,7 @@ def make_question(rng: random.Random, kind: str, qid: str,
     elif kind == YES_NO:
         item, value = items[picks[0]], values[picks[0]]
         yes = rng.random() < 0.5
-        threshold = item.fmt(_threshold(rng, item, value, yes))
+        threshold = item.fmt(pick_threshold(rng, item, value, yes))
         fields["threshold"] = threshold
         template, answer = rng.choice(_YES_NO_QUESTIONS), "Yes" if yes else "No"
     else:
