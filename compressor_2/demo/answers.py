@@ -1,10 +1,11 @@
 """Training answers padded the way real models pad them.
 
 An answer is the direct answer (the figures quoted with their line labels; for a yes/no,
-the figure quoted and then the verdict), or the core answer (the direct answer, or a sentence carrying it) wrapped at
-random in a preamble, a restatement of the question, a hedge and a closing pleasantry.
-The core always comes before the hedge and the closing, so a model that learnt these
-answers can be stopped right after the core: that is the room the evolution has to find.
+the figure quoted and then the verdict), or the core answer (the direct answer, or a
+sentence carrying it) wrapped at random in a preamble, a restatement of the question, a
+hedge and a closing pleasantry. The core always comes before the hedge and the closing,
+so a model that learnt these answers can be stopped right after the core: that is the
+room the evolution has to find.
 Padding never says "yes" or "no", so it cannot flip a verdict.
 """
 

@@ -149,11 +149,12 @@ class FakeServer:
     def generate(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         with self.lock:
             self.generate_requests += 1
-            arrived = self.generate_requests
+            # Under the lock, so that exactly the first request past the limit crashes and
+            # names itself last in the log: concurrent ones wait here until the exit.
+            self._maybe_crash(self.generate_requests)
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
-            self._maybe_crash(arrived)
             return self._generate(body)
         finally:
             with self.lock:
