@@ -81,7 +81,7 @@ def _evaluate(config: Config, args: argparse.Namespace) -> None:
 
 def _evolve(config: Config, args: argparse.Namespace) -> None:
     del args
-    from compressor_2.evolution.loop import evolve
+    from compressor_2.evolution.run import evolve
 
     evolve(config)
 

@@ -78,6 +78,11 @@ class Config:
     reflector_concurrency: int
     reflector_answer_max_chars: int
     local_reflector_step: float
+    # Strategy and budgets (0: unlimited)
+    strategy: str
+    max_metric_calls: int
+    max_reflector_tokens: int
+    max_wall_minutes: float
     # Genetic algorithm
     seed: int
     population_size: int
@@ -151,6 +156,13 @@ class _Reader:
 
     def choice(self, options: dict[str, str]) -> str:
         return next(label for sym, label in options.items() if self.flag(sym))
+
+    def choice_suffix(self, prefix: str) -> str:
+        """The selected `PREFIX_NAME` symbol of the choice whose symbols start with
+        `prefix`, as `name`: a new entry in Kconfig needs no list here."""
+        choice = next(sym.choice for name, sym in self._kconf.syms.items()
+                      if name.startswith(prefix) and sym.choice is not None)
+        return choice.selection.name.removeprefix(prefix).lower()
 
 
 def _check_kconfig_warnings(kconf: kconfiglib.Kconfig) -> None:
@@ -260,6 +272,9 @@ def _build(r: _Reader) -> Config:
     total = sum(lambdas.values())
     _require(total > 0, "CONFIG_LAMBDA_SHORTNESS and CONFIG_LAMBDA_CORRECTNESS are both 0")
 
+    wall_minutes = r.number("MAX_WALL_MINUTES")
+    _require(wall_minutes >= 0, f"CONFIG_MAX_WALL_MINUTES={wall_minutes} must be >= 0 (0: unlimited)")
+
     def positive(name: str) -> float:
         value = r.number(name)
         _require(value > 0, f"CONFIG_{name}={value} must be greater than 0")
@@ -329,6 +344,10 @@ def _build(r: _Reader) -> Config:
         reflector_concurrency=r.integer("REFLECTOR_CONCURRENCY"),
         reflector_answer_max_chars=r.integer("REFLECTOR_ANSWER_MAX_CHARS"),
         local_reflector_step=positive("LOCAL_REFLECTOR_STEP"),
+        strategy=r.choice_suffix("STRATEGY_"),
+        max_metric_calls=r.integer("MAX_METRIC_CALLS"),
+        max_reflector_tokens=r.integer("MAX_REFLECTOR_TOKENS"),
+        max_wall_minutes=wall_minutes,
         seed=r.integer("SEED"),
         population_size=population,
         ngen=ngen,

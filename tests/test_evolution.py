@@ -9,8 +9,9 @@ from pathlib import Path
 import networkx as nx
 import pytest
 
+from compressor_2.archive.database import RunArchive
 from compressor_2.errors import ConfigError
-from compressor_2.evolution.loop import evolve
+from compressor_2.evolution.run import evolve
 from compressor_2.steering.deltas import load_deltas
 from tests.fakes.openai_server import FakeOpenAIServer, chat_completion
 from tests.test_evolution_support import DEFAULT_NGEN, config_for, read_json, shared_dir
@@ -18,7 +19,7 @@ from tests.test_evolution_support import default_run as make_default_run
 
 pytestmark = pytest.mark.slow
 
-STATE_KEYS = {"generation", "population", "best_individual", "best_fitness", "rr_idx", "rng"}
+STATE_KEYS = {"generation", "population", "best_individual", "best_fitness", "rr_idx", "rng", "last_candidate_id"}
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -51,6 +52,7 @@ def test_a_run_writes_every_output(default_run: Path, shared: Path):
     assert state["generation"] == DEFAULT_NGEN and len(state["population"]) == 4
     for member in state["population"] + [state["best_individual"]]:
         assert list(member["deltas"]) == ids and isinstance(member["scratchpad"], str)
+        assert 1 <= member["candidate_id"] <= state["last_candidate_id"]
     assert load_deltas(out / "deltas_best.json", ids) == state["best_individual"]["deltas"]
     assert "class" in (out / "processor_best.py").read_text()
     for png in ("fitness_vs_generation.png", "evolution_lengths.png", "evolution_tree.png"):
@@ -142,7 +144,7 @@ def test_a_rerun_after_the_last_generation_changes_nothing(default_run: Path, sh
 
 def test_an_unreadable_state_is_an_error_not_a_fresh_start(tmp_path, shared, tiny_model_dir):
     config = config_for(tmp_path, shared, tiny_model_dir)
-    config.output_dir.mkdir(parents=True)
+    RunArchive.open(config.output_dir / "run.sqlite").close()
     (config.output_dir / "evolution_state.json").write_text('{"generation": 1, "population": [')
     with pytest.raises(ConfigError, match="evolution_state.json' cannot be read"):
         evolve(config)

@@ -71,7 +71,7 @@ def read_json(path: Path):
 def default_run(tmp_path_factory, shared: Path, model_dir: Path) -> Path:
     """The output dir of one uninterrupted 4-generation run with GA_DEFAULTS, made once per
     session and shared by the test modules (which only read it)."""
-    from compressor_2.evolution.loop import evolve
+    from compressor_2.evolution.run import evolve
 
     work = tmp_path_factory.getbasetemp() / "default_run"
     if not (work / "done").exists():

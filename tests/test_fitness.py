@@ -12,7 +12,8 @@ from transformers import AutoTokenizer
 from compressor_2.data.example import Example
 from compressor_2.engines.base import Generation, GenerationRequest, Progress
 from compressor_2.engines.transformers_engine import TransformersEngine
-from compressor_2.fitness import Evaluator, fitness_value, shortness_score
+from compressor_2.archive.database import RunArchive
+from compressor_2.fitness import Evaluator, example_score, fitness_value, shortness_score
 from compressor_2.judges.base import JudgeItem, Verdict
 
 ZEROS = (0.0, 0.0)
@@ -89,7 +90,7 @@ def test_identical_genome_costs_no_generation(engine):
     assert (engine.calls - calls, engine.requests - sent) == (1, 2 * len(EXAMPLES))
     assert sum(progress) == 2 * len(EXAMPLES)
     assert (evaluator.stats.evaluations_run, evaluator.stats.cache_hits) == (2, 1)
-    assert first[0] is first[2]
+    assert first[0] == first[2]
 
     again = evaluator.evaluate([STOP_AT_ONCE, [0, 0]])  # ints equal to the cached floats
     assert engine.calls - calls == 1, "a cached genome must not reach the engine"
@@ -98,3 +99,47 @@ def test_identical_genome_costs_no_generation(engine):
 
     evaluator.evaluate([(1e-9, 0.0)])  # the key is the exact vector: any change is a new genome
     assert (engine.calls - calls, evaluator.stats.evaluations_run) == (2, 3)
+
+
+def test_per_example_scores_follow_the_readme_formula(engine):
+    stopped, unsteered = make_evaluator(engine).evaluate([STOP_AT_ONCE, ZEROS])
+    assert stopped.scores == pytest.approx([0.25 / (1 + 1 / 10) + 0.75] * 3)
+    assert unsteered.scores == pytest.approx([0.25 / (1 + 12 / 10)] * 3)
+    assert example_score(10, False, 0.5, 0.5, 10.0) == pytest.approx(0.25)
+
+
+def test_a_subset_of_examples_generates_only_what_is_missing(engine, tmp_path):
+    """Minibatches: the second call reuses the pair answered by the first and generates the
+    rest; aggregates are over the examples asked for."""
+    archive = RunArchive.open(tmp_path / "run.sqlite")
+    evaluator = Evaluator(engine, EmptyAnswerJudge(), EXAMPLES, 0.25, 0.75, 10.0, store=archive, context="c")
+    sent = engine.requests
+    [part] = evaluator.evaluate([STOP_AT_ONCE], examples=EXAMPLES[:1])
+    assert [r.id for r in part.records] == ["q0"] and engine.requests - sent == 1
+    [whole] = evaluator.evaluate([STOP_AT_ONCE])
+    assert engine.requests - sent == 3 and [r.id for r in whole.records] == ["q0", "q1", "q2"]
+    assert evaluator.stats.metric_calls == archive.metric_calls() == 3
+    assert archive.cache_hits() == 1
+
+    # A new evaluator on the same archive (a resumed run) generates nothing...
+    again = Evaluator(engine, EmptyAnswerJudge(), EXAMPLES, 0.25, 0.75, 10.0, store=archive, context="c")
+    assert again.evaluate([STOP_AT_ONCE]) == [whole] and engine.requests - sent == 3
+    # ...unless something that changes an answer changed (another context),
+    other = Evaluator(engine, EmptyAnswerJudge(), EXAMPLES, 0.25, 0.75, 10.0, store=archive, context="d")
+    other.evaluate([STOP_AT_ONCE], examples=EXAMPLES[:1])
+    assert engine.requests - sent == 4
+    # or the decoding samples: then nothing is served from the cache, everything is stored.
+    sampling = Evaluator(engine, EmptyAnswerJudge(), EXAMPLES, 0.25, 0.75, 10.0, store=archive, context="c",
+                         reuse=False)
+    sampling.evaluate([STOP_AT_ONCE, STOP_AT_ONCE], examples=EXAMPLES[:1])
+    assert engine.requests - sent == 5 and archive.metric_calls() == 5
+    archive.close()
+
+
+def test_an_example_whose_prompt_changed_is_a_new_example(engine):
+    evaluator = make_evaluator(engine)
+    evaluator.evaluate([STOP_AT_ONCE])
+    sent = engine.requests
+    changed = [Example(id="q0", question="question 0", gold="", prompt="Total liabilities")]
+    evaluator.evaluate([STOP_AT_ONCE], examples=changed)
+    assert engine.requests - sent == 1

@@ -19,7 +19,7 @@ import pytest
 
 from compressor_2.config import load_config
 from compressor_2.errors import ConfigError
-from compressor_2.evolution.loop import evolve
+from compressor_2.evolution.run import evolve
 from compressor_2.evolution.state import (
     EvolutionState, Member, capture_rng, load_state, restore_rng, save_state, seed_rng,
 )
@@ -30,22 +30,25 @@ from tests.test_evolution_support import config_for, default_run, read_json, sha
 IDS = ["0", "1", "2"]
 
 
-def member(x: float, pad: str = "") -> Member:
-    return Member({"0": x, "1": 0.0, "2": -x}, pad)
+def member(x: float, pad: str = "", cid: int = 1) -> Member:
+    return Member({"0": x, "1": 0.0, "2": -x}, pad, cid)
 
 
 def sample_state() -> EvolutionState:
     seed_rng(5)
     random.random()
-    return EvolutionState(3, (member(1.0, "note"), member(0.5)), member(1.0, "note"), 0.75, 2, capture_rng())
+    return EvolutionState(3, (member(1.0, "note"), member(0.5, cid=2)), member(1.0, "note"), 0.75, 2, capture_rng(),
+                          7)
 
 
 def test_the_state_round_trips_with_exactly_the_seed_keys(tmp_path: Path):
     state = sample_state()
     save_state(tmp_path / "s.json", state)
     raw = read_json(tmp_path / "s.json")
-    assert set(raw) == {"generation", "population", "best_individual", "best_fitness", "rr_idx", "rng"}
-    assert raw["population"][0] == {"deltas": {"0": 1.0, "1": 0.0, "2": -1.0}, "scratchpad": "note"}
+    assert set(raw) == {"generation", "population", "best_individual", "best_fitness", "rr_idx", "rng",
+                        "last_candidate_id"}
+    assert raw["population"][0] == {"candidate_id": 1, "deltas": {"0": 1.0, "1": 0.0, "2": -1.0},
+                                    "scratchpad": "note"}
     assert load_state(tmp_path / "s.json", IDS, 2) == state
 
 
@@ -72,6 +75,8 @@ def test_no_state_file_means_a_fresh_run(tmp_path: Path):
     (lambda raw: raw.update(best_fitness=None), "both be set or both be null"),
     (lambda raw: raw["rng"].update(random=[3, [1, 2], None]), "malformed"),
     (lambda raw: raw.update(population=[raw["population"][0]]), "holds 1 individuals but CONFIG_POPULATION_SIZE=2"),
+    (lambda raw: raw["population"][0].update(candidate_id="1"), "candidate_id is '1'"),
+    (lambda raw: raw.update(last_candidate_id=-1), "last_candidate_id is -1"),
 ])
 def test_a_state_that_cannot_be_used_is_a_clear_error(tmp_path: Path, edit, message):
     path = tmp_path / "evolution_state.json"

@@ -3,10 +3,10 @@ path costs nothing (and needs nothing) when the transformers engine is chosen.""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from compressor_2.engines.base import Engine
+from compressor_2.engines.base import Engine, Generation, GenerationRequest, Progress
 
 if TYPE_CHECKING:
     from compressor_2.clusters.build import ClusterSet
@@ -33,3 +33,21 @@ ENGINES: dict[str, EngineFactory] = {"transformers": _transformers, "sglang": _s
 def make_engine(config: Config, clusters: ClusterSet) -> Engine:
     """The configured engine, ready to generate; the caller closes it."""
     return ENGINES[config.engine](config, clusters)
+
+
+class LazyEngine:
+    """Makes the configured engine on the first `generate`: a resumed run whose answers
+    are all in the archive, or one stopped by its budget, never loads the model."""
+
+    def __init__(self, config: Config, clusters: ClusterSet) -> None:
+        self._factory = lambda: make_engine(config, clusters)
+        self._engine: Engine | None = None
+
+    def generate(self, requests: Sequence[GenerationRequest], progress: Progress | None = None) -> list[Generation]:
+        if self._engine is None:
+            self._engine = self._factory()
+        return self._engine.generate(requests, progress)
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()

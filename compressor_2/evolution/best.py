@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from compressor_2.atomic import atomic_write_json
 from compressor_2.evolution.progress import say
 from compressor_2.evolution.state import Member
-from compressor_2.steering.deltas import to_dict
+from compressor_2.fitness import Evaluation
 
 DELTAS_BEST = "deltas_best.json"
 PROCESSOR_BEST = "processor_best.py"
@@ -27,22 +26,20 @@ class BestEver:
         self.member = member
         self.fitness = fitness
 
-    def consider(self, individuals: Sequence[Any]) -> bool:
-        """Takes the fittest of `individuals` (the earliest on a tie) if it beats the best so
-        far, and then writes the files once. Returns whether the best changed."""
-        improved = False
-        for ind in individuals:
-            value = ind.fitness.values[0]
-            if self.fitness is None or value > self.fitness:
-                self.member = Member(to_dict(ind, self.cluster_ids), ind.scratchpad)
-                self.fitness = value
-                improved = True
-        if improved:
+    def consider(self, assessed: Sequence[tuple[Member, Evaluation]]) -> bool:
+        """Takes the fittest of `assessed` (the earliest on a tie), each evaluated on the
+        whole pool, if it beats the best so far, and then writes the files once. Returns
+        whether the best changed."""
+        improved: Evaluation | None = None
+        for member, evaluation in assessed:
+            if self.fitness is None or evaluation.fitness > self.fitness:
+                self.member, self.fitness, improved = member, evaluation.fitness, evaluation
+        if improved is not None:
             assert self.member is not None
             deltas_path = self.output_dir / DELTAS_BEST
             atomic_write_json(deltas_path, self.member.deltas)
             self.write_processor(deltas_path, self.output_dir / PROCESSOR_BEST)
-            best = max(individuals, key=lambda ind: ind.fitness.values[0])
-            say(f"new best fitness {self.fitness:.4f} ({best.evaluation.mean_tokens:.1f} tokens, "
-                f"{100 * best.evaluation.correctness:.0f}% correct): {deltas_path}, {PROCESSOR_BEST} updated")
-        return improved
+            say(f"new best fitness {self.fitness:.4f} (candidate {self.member.candidate_id}, "
+                f"{improved.mean_tokens:.1f} tokens, {100 * improved.correctness:.0f}% correct): "
+                f"{deltas_path}, {PROCESSOR_BEST} updated")
+        return improved is not None

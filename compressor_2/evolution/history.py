@@ -1,5 +1,6 @@
 """history.json: one entry per generation g, describing the population entering g (what
-selection saw) and the work g did; the last entry is the final population."""
+selection saw) and the work g did; the last entry is the final population, and holds
+`stop_reason` once the run has stopped (all generations ran, or a budget was reached)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ class Work:
 
     evaluations_run: int = 0  # genomes generated and judged
     cache_hits: int = 0  # genomes served from the cache
+    metric_calls: int = 0  # fresh (genome, example) answers: what CONFIG_MAX_METRIC_CALLS counts
     parents: int = 0
     children: int = 0
     crossovers: int = 0

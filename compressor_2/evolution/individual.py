@@ -1,9 +1,10 @@
 """DEAP types and the toolbox (seed 000 §1, §6.5, §8).
 
-An individual is a list of deltas in canonical cluster order with two attributes:
-`scratchpad` (the lineage's notes) and `evaluation` (its training answers, or None while
-its fitness is invalid). Both live on the individual because deepcopy keeps instance
-attributes but drops extras stored on the fitness object.
+An individual is a list of deltas in canonical cluster order with three attributes:
+`scratchpad` (the lineage's notes), `evaluation` (its training answers, or None while
+its fitness is invalid) and `candidate_id` (its id in the run archive; None until the
+archive has it). They live on the individual because deepcopy keeps instance attributes
+but drops extras stored on the fitness object.
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ if not hasattr(creator, "Individual"):
 Individual = Any  # creator.Individual: a list subclass made at runtime
 
 
-def new_individual(deltas: Sequence[float], scratchpad: str = "") -> Individual:
+def new_individual(deltas: Sequence[float], scratchpad: str = "", candidate_id: int | None = None) -> Individual:
     ind = creator.Individual(float(x) for x in deltas)
     ind.scratchpad = scratchpad
     ind.evaluation = None
+    ind.candidate_id = candidate_id
     return ind
 
 
@@ -42,9 +44,11 @@ def initial_population(initial: Sequence[float], size: int) -> list[Individual]:
 
 
 def invalidate(ind: Individual) -> None:
-    """Seed 000 §8: whenever a genome is created or changed, its fitness goes."""
+    """Seed 000 §8: whenever a genome is created or changed, its fitness goes, and so does
+    its archive id: the new genome becomes a candidate of its own once evaluated."""
     del ind.fitness.values
     ind.evaluation = None
+    ind.candidate_id = None
 
 
 def fitness(ind: Individual) -> float:
@@ -68,7 +72,7 @@ def mate(a: Individual, b: Individual, *, reflector: Reflector, generation: int,
     offspring = copy.deepcopy(a)
     offspring[:] = weighted_average(a, b, fitness(a), fitness(b))
     merged = reflector.merge(MergeRequest(generation, child, parents, a.scratchpad, fitness(a),
-                                          b.scratchpad, fitness(b)))
+                                          b.scratchpad, fitness(b), (a.candidate_id, b.candidate_id)))
     offspring.scratchpad = merged.scratchpad
     invalidate(offspring)
     return offspring
@@ -87,7 +91,7 @@ def make_mutate(rr_state: RRState, reflector: Reflector, cluster_ids: Sequence[s
     def mutate(ind: Individual, *, generation: int, child: int) -> Future[MutationResult]:
         target = next_target(rr_state)
         request = MutationRequest(generation, child, target, to_dict(ind, ids), ind.scratchpad,
-                                  fitness(ind), ind.evaluation.records)
+                                  fitness(ind), ind.evaluation.records, ind.candidate_id)
         return pool.submit(_apply_mutation, ind, ids.index(target), request, reflector)
 
     return mutate

@@ -1,10 +1,12 @@
 """evolution_state.json (seed 000 §2): everything a rerun needs to continue the run.
 
-Keys: generation (the next one to run), population [{deltas, scratchpad}],
-best_individual {deltas, scratchpad} (null before anything was evaluated),
-best_fitness, rr_idx, and rng: the `random` and numpy global RNG states, so a resumed
-run draws exactly what an uninterrupted one would have (GEPA forgets its RNG on resume).
-Genome caches are not saved: a resumed run re-evaluates its population.
+Keys: generation (the next one to run), population [{candidate_id, deltas,
+scratchpad}], best_individual {candidate_id, deltas, scratchpad} (null before anything
+was evaluated), best_fitness, rr_idx, rng: the `random` and numpy global RNG states, so
+a resumed run draws exactly what an uninterrupted one would have (GEPA forgets its RNG
+on resume), and last_candidate_id: the archive's newest candidate when the state was
+taken; a resume forgets the candidates made after it, so the replayed generation gives
+them the same ids again. The answers themselves live in the run archive.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ STATE_FILE = "evolution_state.json"
 class Member:
     deltas: Deltas
     scratchpad: str
+    candidate_id: int
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,7 @@ class EvolutionState:
     best_fitness: float | None
     rr_idx: int
     rng: dict[str, Any]
+    last_candidate_id: int
 
 
 def seed_rng(seed: int) -> None:
@@ -62,7 +66,7 @@ def restore_rng(rng: dict[str, Any], into: tuple[Any, Any] = (random, np.random)
 
 
 def _member_json(member: Member) -> dict[str, Any]:
-    return {"deltas": member.deltas, "scratchpad": member.scratchpad}
+    return {"candidate_id": member.candidate_id, "deltas": member.deltas, "scratchpad": member.scratchpad}
 
 
 def save_state(path: Path, state: EvolutionState) -> None:
@@ -73,6 +77,7 @@ def save_state(path: Path, state: EvolutionState) -> None:
         "best_fitness": state.best_fitness,
         "rr_idx": state.rr_idx,
         "rng": state.rng,
+        "last_candidate_id": state.last_candidate_id,
     })
 
 
@@ -86,6 +91,10 @@ def load_state(path: Path, cluster_ids: Sequence[str], population_size: int) -> 
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"'{path}' cannot be read ({exc}); {hint}") from None
+    if isinstance(raw, dict) and "rr_idx" in raw and "last_candidate_id" not in raw:
+        raise ConfigError(f"'{path}' was written by a compressor_2 without the run archive (no candidate "
+                          "ids): finish that run with the version that started it, or move the directory "
+                          "away (or choose another CONFIG_OUTPUT_DIR) to start a fresh run")
     try:
         state = _parse(raw, path, cluster_ids)
     except (KeyError, TypeError, ValueError) as exc:
@@ -103,9 +112,14 @@ def _parse(raw: dict[str, Any], path: Path, cluster_ids: Sequence[str]) -> Evolu
         scratchpad = obj["scratchpad"]
         if not isinstance(scratchpad, str):
             raise TypeError(f"{where}.scratchpad is not a string")
-        return Member(validate_deltas(obj["deltas"], cluster_ids, f"'{path}' {where}"), scratchpad)
+        cid = obj["candidate_id"]
+        if isinstance(cid, bool) or not isinstance(cid, int) or cid < 1:
+            raise ValueError(f"{where}.candidate_id is {cid!r}")
+        return Member(validate_deltas(obj["deltas"], cluster_ids, f"'{path}' {where}"), scratchpad, cid)
 
-    generation, rr_idx = raw["generation"], raw["rr_idx"]
+    generation, rr_idx, last = raw["generation"], raw["rr_idx"], raw["last_candidate_id"]
+    if isinstance(last, bool) or not isinstance(last, int) or last < 0:
+        raise ValueError(f"last_candidate_id is {last!r}")
     if not isinstance(generation, int) or generation < 0:
         raise ValueError(f"generation is {generation!r}")
     if not isinstance(rr_idx, int) or not 0 <= rr_idx < len(cluster_ids):
@@ -119,4 +133,4 @@ def _parse(raw: dict[str, Any], path: Path, cluster_ids: Sequence[str]) -> Evolu
     restore_rng(rng, into=(random.Random(), np.random.RandomState()))  # well-formed?
     return EvolutionState(generation, population,
                           member(best, "best_individual") if best is not None else None,
-                          float(best_fitness) if best_fitness is not None else None, rr_idx, rng)
+                          float(best_fitness) if best_fitness is not None else None, rr_idx, rng, last)

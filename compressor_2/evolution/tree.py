@@ -6,20 +6,21 @@ Nodes: `g{g}_pop{i}` (population member i at the start of generation g),
 Edges: "parent" (pop -> pre; two for a crossover, one for a clone), "mutation"
 (pre -> mut), and "carry" (an elite or final offspring -> its place in the next
 generation's population; the seed's tree would otherwise stop at each generation).
-The graph is saved as tree.json so it survives a resume.
+The graph is drawn from the run archive (candidates, lineage, placements), so it
+always shows what the archive holds; tree.json is a copy for other tools.
 """
 
 from __future__ import annotations
 
-import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import networkx as nx
 from matplotlib.lines import Line2D
 
+from compressor_2.archive.database import RunArchive
 from compressor_2.atomic import atomic_write_json
-from compressor_2.errors import ConfigError
 from compressor_2.evolution.plots import plt, save_figure
 
 TREE_FILE = "tree.json"
@@ -44,34 +45,38 @@ class EvolutionTree:
     def __init__(self, graph: nx.DiGraph | None = None) -> None:
         self.graph = graph if graph is not None else nx.DiGraph()
 
-    def node(self, node_id: str, generation: int, stage: str, index: int, ind: Any) -> None:
-        """Adds or refreshes a node from an evaluated individual."""
-        evaluation = ind.evaluation
-        self.graph.add_node(node_id, generation=generation, stage=stage, index=index,
-                            fitness=ind.fitness.values[0], mean_tokens=evaluation.mean_tokens,
-                            correctness=evaluation.correctness, deltas=list(ind))
-
-    def edge(self, source: str, target: str, kind: str) -> None:
-        self.graph.add_edge(source, target, kind=kind)
-
-    def truncate(self, generation: int) -> None:
-        """Forgets generation `generation`'s offspring and everything after it (a resumed
-        run replays that generation); its population nodes stay."""
-        stale = [n for n, d in self.graph.nodes(data=True)
-                 if d["generation"] > generation or (d["generation"] == generation and d["stage"] != "pop")]
-        self.graph.remove_nodes_from(stale)
+    @classmethod
+    def from_archive(cls, archive: RunArchive) -> EvolutionTree:
+        """The tree as the archive's placements and lineage describe it: a node per
+        placement, labelled with its seed node id; "parent" and "mutation" edges from the
+        candidate's parents, placed in the same generation; "carry" edges from a
+        candidate's last placement in generation g to its place in generation g + 1."""
+        graph = nx.DiGraph()
+        candidates = {c.id: c for c in archive.candidates()}
+        placed: dict[tuple[int, int], list[tuple[str, str]]] = {}  # (generation, candidate) -> [(stage, label)]
+        rows = archive.placements()
+        for label, cid, generation, stage, index in rows:
+            c = candidates[cid]
+            graph.add_node(label, generation=generation, stage=stage, index=index, candidate=cid,
+                           operator=c.operator, fitness=c.fitness, mean_tokens=c.mean_tokens,
+                           correctness=c.correctness, deltas=list(c.deltas.values()))
+            placed.setdefault((generation, cid), []).append((stage, label))
+        for label, cid, generation, stage, _ in rows:
+            if stage == "pop":
+                source = _latest(placed.get((generation - 1, cid), []))
+                if source is not None:
+                    graph.add_edge(source, label, kind="carry")
+                continue
+            kind = "mutation" if stage == "mut" else "parent"
+            wanted = "pre" if stage == "mut" else "pop"
+            for parent in candidates[cid].parents:
+                for parent_stage, parent_label in placed.get((generation, parent), []):
+                    if parent_stage == wanted:
+                        graph.add_edge(parent_label, label, kind=kind)
+        return cls(graph)
 
     def save(self, path: Path) -> None:
         atomic_write_json(path, nx.node_link_data(self.graph, edges="edges"))
-
-    @classmethod
-    def load(cls, path: Path) -> EvolutionTree:
-        if not path.exists():
-            return cls()
-        try:
-            return cls(nx.node_link_graph(json.loads(path.read_text(encoding="utf-8")), edges="edges"))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ConfigError(f"'{path}' cannot be read ({exc}); move it away to continue without it") from None
 
     def render(self, path: Path) -> None:
         """Generations left to right (population, offspring, mutated columns); node colour
@@ -104,3 +109,8 @@ class EvolutionTree:
                      loc="left", fontsize=9)
         fig.tight_layout()
         save_figure(fig, path)
+
+
+def _latest(placed: Sequence[tuple[str, str]]) -> str | None:
+    """A candidate's final node in a generation: mutated over offspring over population."""
+    return max(placed, key=lambda p: STAGE_X[p[0]])[1] if placed else None

@@ -38,6 +38,7 @@ class MutationRequest:
     scratchpad: str
     fitness: float
     records: Sequence[Record]  # the individual's own training answers
+    candidate: int | None = None  # the archive id of the individual mutated
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class MergeRequest:
     fitness_a: float
     scratchpad_b: str
     fitness_b: float
+    candidates: tuple[int, ...] = ()  # the archive ids of A and B
 
 
 @dataclass(frozen=True)

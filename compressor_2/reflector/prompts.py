@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from compressor_2.fitness import Record
 from compressor_2.reflector.base import MergeRequest, Message, MutationRequest
+
+if TYPE_CHECKING:
+    from compressor_2.config import Config
 
 MUTATION_SYSTEM = (
     "You are a reflector for a steering system that adjusts LLM outputs by cluster. Your task is to "
@@ -135,3 +138,18 @@ def merge_messages(request: MergeRequest) -> list[Message]:
         "scratchpad_b": show_scratchpad(request.scratchpad_b),
     })
     return [{"role": "system", "content": MERGE_SYSTEM}, {"role": "user", "content": user}]
+
+
+CHARS_PER_TOKEN = 4  # a rough average for English and JSON
+SCRATCHPAD_CHARS = 2000  # a lineage's notes, once it has some
+DESCRIPTION_CHARS = 300  # one cluster's entry in the descriptions JSON
+REPLY_TOKENS = 400
+
+
+def estimated_call_tokens(config: Config, n_examples: int) -> float:
+    """About what one mutation call costs (prompt + reply), before any answer exists: every
+    example's block with an answer of max_new_tokens (capped as the prompt caps it)."""
+    answer_chars = min(config.reflector_answer_max_chars, CHARS_PER_TOKEN * config.max_new_tokens)
+    chars = (len(MUTATION_SYSTEM) + len(MUTATION_USER) + SCRATCHPAD_CHARS
+             + (config.num_clusters + 2) * DESCRIPTION_CHARS + n_examples * (200 + answer_chars))
+    return chars / CHARS_PER_TOKEN + REPLY_TOKENS

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from compressor_2.archive.database import CallRecord
 from compressor_2.reflector.base import Proposer
 from compressor_2.reflector.prompt_log import PromptLog
 from compressor_2.reflector.validation import ValidatingReflector
@@ -33,10 +34,11 @@ def _openai(config: Config, clusters: ClusterSet) -> Proposer:
 PROPOSERS: dict[str, ProposerFactory] = {"local": _local, "openai": _openai}
 
 
-def make_reflector(config: Config, clusters: ClusterSet) -> ValidatingReflector:
-    """The configured reflector, every attempt logged under output_dir/reflector_prompts/.
-    The caller closes it."""
+def make_reflector(config: Config, clusters: ClusterSet,
+                   recorder: Callable[[CallRecord], None] | None = None) -> ValidatingReflector:
+    """The configured reflector, every attempt logged under output_dir/reflector_prompts/
+    and, with a `recorder`, in the run archive. The caller closes it."""
     proposer = PROPOSERS[config.reflector](config, clusters)
     label = f"openai {config.reflector_model}" if config.reflector == "openai" else proposer.name
     log = PromptLog(config.output_dir / "reflector_prompts", label)
-    return ValidatingReflector(proposer, clusters.descriptions, config.reflector_answer_max_chars, log)
+    return ValidatingReflector(proposer, clusters.descriptions, config.reflector_answer_max_chars, log, recorder)

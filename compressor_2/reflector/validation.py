@@ -13,9 +13,11 @@ from __future__ import annotations
 import json
 import math
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from compressor_2.archive.database import CallRecord
 from compressor_2.reflector.base import (
     MergeRequest, MergeResult, MutationRequest, MutationResult, Proposer, Reply, Usage,
 )
@@ -66,14 +68,16 @@ def parse_merge(reply: Reply) -> str:
 
 class ValidatingReflector:
     """Implements `Reflector` over any `Proposer`; logs every attempt when given a log and
-    keeps the run's token usage in `usage` (calls may come from several threads)."""
+    keeps the run's token usage in `usage` (calls may come from several threads). Every
+    attempt also goes to `recorder` (the run archive's reflector-call table) when given."""
 
     def __init__(self, proposer: Proposer, descriptions: Mapping[str, Any], answer_max_chars: int,
-                 log: PromptLog | None = None) -> None:
+                 log: PromptLog | None = None, recorder: Callable[[CallRecord], None] | None = None) -> None:
         self.proposer = proposer
         self.descriptions = descriptions
         self.answer_max_chars = answer_max_chars
         self.log = log
+        self.recorder = recorder
         self.usage = Usage()
         self._lock = threading.Lock()
 
@@ -82,7 +86,9 @@ class ValidatingReflector:
         current = request.deltas[request.target]
         usage, rejected = Usage(), []
         for attempt in range(1, ATTEMPTS + 1):
+            started = time.perf_counter()
             reply = self.proposer.mutation(request, messages, attempt)
+            latency = time.perf_counter() - started
             usage += reply.usage
             self._count(reply.usage)
             try:
@@ -91,9 +97,13 @@ class ValidatingReflector:
                 rejected.append(str(exc))
                 self._log(request.generation, "mutation", request.child, attempt,
                           {"target_cluster": request.target}, messages, reply, f"rejected: {exc}")
+                self._record("mutation", request.candidate, (), request.generation, attempt, reply, latency,
+                             f"rejected: {exc}")
                 continue
             self._log(request.generation, "mutation", request.child, attempt,
                       {"target_cluster": request.target}, messages, reply, "accepted")
+            self._record("mutation", request.candidate, (), request.generation, attempt, reply, latency,
+                         "accepted")
             return MutationResult(delta, scratchpad, attempt, usage, tuple(rejected))
         return MutationResult(None, request.scratchpad, ATTEMPTS, usage, tuple(rejected))
 
@@ -102,7 +112,9 @@ class ValidatingReflector:
         indices = {"parent_a": request.parents[0], "parent_b": request.parents[1]}
         usage, rejected = Usage(), []
         for attempt in range(1, ATTEMPTS + 1):
+            started = time.perf_counter()
             reply = self.proposer.merge(request, messages, attempt)
+            latency = time.perf_counter() - started
             usage += reply.usage
             self._count(reply.usage)
             try:
@@ -111,9 +123,13 @@ class ValidatingReflector:
                 rejected.append(str(exc))
                 self._log(request.generation, "merge", request.child, attempt, indices, messages,
                           reply, f"rejected: {exc}")
+                self._record("merge", None, request.candidates, request.generation, attempt, reply, latency,
+                             f"rejected: {exc}")
                 continue
             self._log(request.generation, "merge", request.child, attempt, indices, messages,
                       reply, "accepted")
+            self._record("merge", None, request.candidates, request.generation, attempt, reply, latency,
+                         "accepted")
             return MergeResult(scratchpad, True, attempt, usage, tuple(rejected))
         return MergeResult(request.scratchpad_a, False, ATTEMPTS, usage, tuple(rejected))
 
@@ -123,6 +139,12 @@ class ValidatingReflector:
     def _count(self, usage: Usage) -> None:
         with self._lock:
             self.usage += usage
+
+    def _record(self, kind: str, candidate: int | None, parents: tuple[int, ...], generation: int,
+                attempt: int, reply: Reply, latency: float, verdict: str) -> None:
+        if self.recorder is not None:
+            self.recorder(CallRecord(kind, candidate, parents, generation, attempt, reply.usage.prompt_tokens,
+                                     reply.usage.completion_tokens, round(latency, 6), verdict))
 
     def _log(self, generation: int, call: str, child: int, attempt: int, indices: Mapping[str, object],
              messages: list[dict[str, str]], reply: Reply, verdict: str) -> None:

@@ -1,0 +1,381 @@
+"""`run.sqlite`: the run's database, through the standard library's sqlite3.
+
+Tables:
+- `candidates`: every genome a strategy evaluated or proposed and rejected: its deltas
+  and scratchpad, the operator that made it, the strategy, the generation (or
+  iteration), its status and, once assessed on the whole training pool, its fitness;
+- `lineage`: one row per (child, parent);
+- `placements`: where a candidate stood in a strategy's structure (the GA's
+  `g{g}_pop{i}` / `_pre` / `_mut` node ids of seed 000 §8), for the evolution tree;
+- `evaluations`: one answer per (genome, example, context), the evaluation cache;
+- `reflector_calls`: kind, candidate, tokens, latency and verdict of every attempt;
+- `events`: starts, resumes, interruptions and stop reasons;
+- `meta`: schema version, strategy, cumulative wall time and cache hits.
+
+WAL mode with one transaction per batch of results: a SIGKILL loses at most the batch
+being written, never the file's integrity. `synchronous=NORMAL` skips the fsync on each
+commit, which a process crash does not need (only a power cut could lose the last
+transactions, and the file would still be sound). One writer at a time: `evolve` holds
+the run directory's lock; `show` opens the file read-only.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from compressor_2.errors import ConfigError
+
+ARCHIVE_FILE = "run.sqlite"
+SCHEMA_VERSION = 1
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS candidates (
+    id INTEGER PRIMARY KEY,
+    deltas TEXT NOT NULL,
+    genome TEXT NOT NULL,
+    scratchpad TEXT NOT NULL,
+    operator TEXT NOT NULL,
+    strategy TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    fitness REAL,
+    mean_tokens REAL,
+    correctness REAL,
+    created REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS lineage (
+    child INTEGER NOT NULL REFERENCES candidates(id),
+    parent INTEGER NOT NULL REFERENCES candidates(id),
+    position INTEGER NOT NULL,
+    PRIMARY KEY (child, position)
+);
+CREATE INDEX IF NOT EXISTS lineage_parent ON lineage(parent);
+CREATE TABLE IF NOT EXISTS placements (
+    label TEXT PRIMARY KEY,
+    candidate INTEGER NOT NULL REFERENCES candidates(id),
+    generation INTEGER NOT NULL,
+    stage TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    step INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS evaluations (
+    genome TEXT NOT NULL,
+    example TEXT NOT NULL,
+    context TEXT NOT NULL,
+    answer TEXT NOT NULL,
+    tokens INTEGER NOT NULL,
+    is_correct INTEGER NOT NULL,
+    reasoning TEXT NOT NULL,
+    created REAL NOT NULL,
+    PRIMARY KEY (genome, example, context)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS reflector_calls (
+    id INTEGER PRIMARY KEY,
+    kind TEXT NOT NULL,
+    candidate INTEGER,
+    parents TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    attempt INTEGER NOT NULL,
+    prompt_tokens INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    latency REAL NOT NULL,
+    verdict TEXT NOT NULL,
+    created REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY,
+    kind TEXT NOT NULL,
+    detail TEXT NOT NULL,
+    created REAL NOT NULL
+);
+"""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One genome in the archive. `id` is None until `RunArchive.add` gives it one."""
+
+    deltas: Mapping[str, float]  # canonical cluster order
+    scratchpad: str
+    operator: str  # initial, crossover, clone, mutation, ...
+    parents: tuple[int, ...]
+    strategy: str
+    generation: int
+    status: str = "evaluated"  # or "rejected": proposed, assessed, not kept
+    fitness: float | None = None  # on the whole training pool
+    mean_tokens: float | None = None
+    correctness: float | None = None
+    id: int | None = None
+    created: float = 0.0
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One stored answer: what the engine said and what the judge made of it."""
+
+    answer: str
+    tokens: int
+    is_correct: bool
+    reasoning: str
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    kind: str  # mutation, merge, ...
+    candidate: int | None  # the candidate the call is about, when it exists yet
+    parents: tuple[int, ...]
+    generation: int
+    attempt: int
+    prompt_tokens: int
+    completion_tokens: int
+    latency: float
+    verdict: str
+
+
+def genome_key(deltas: Sequence[float]) -> str:
+    """The exact genome as text: repr round-trips every float."""
+    return ",".join(repr(float(x)) for x in deltas)
+
+
+class RunArchive:
+    """The run database. Methods may be called from several threads (reflector calls
+    record themselves from the pool); one lock serialises them. `seconds` is the time
+    spent inside the archive, for the overhead benchmark."""
+
+    def __init__(self, connection: sqlite3.Connection, path: Path) -> None:
+        self._db = connection
+        self.path = path
+        self._lock = threading.RLock()
+        self.seconds = 0.0
+
+    @classmethod
+    def open(cls, path: Path) -> RunArchive:
+        """Opens (creating if needed) the archive for writing."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("PRAGMA foreign_keys=ON")
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version not in (0, SCHEMA_VERSION):
+                raise ConfigError(f"'{path}' has archive schema {version}, this version reads "
+                                  f"{SCHEMA_VERSION}; move the run directory away to start afresh")
+            db.executescript(SCHEMA)
+            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        except sqlite3.DatabaseError as exc:
+            raise ConfigError(f"'{path}' is not a usable run database ({exc}); move it away "
+                              "(or choose another CONFIG_OUTPUT_DIR) to start a fresh run") from None
+        return cls(db, path)
+
+    @classmethod
+    def open_read_only(cls, path: Path) -> RunArchive:
+        if not path.is_file():
+            raise ConfigError(f"no run database at '{path}': has `evolve` run with this config?")
+        try:
+            db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
+            db.execute("SELECT count(*) FROM candidates").fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise ConfigError(f"'{path}' is not a readable run database ({exc})") from None
+        return cls(db, path)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            started = time.perf_counter()
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            else:
+                self._db.execute("COMMIT")
+            finally:
+                self.seconds += time.perf_counter() - started
+
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            started = time.perf_counter()
+            try:
+                return self._db.execute(sql, params).fetchall()
+            finally:
+                self.seconds += time.perf_counter() - started
+
+    # -- meta and events --------------------------------------------------------------------
+
+    def meta(self, key: str, default: str | None = None) -> str | None:
+        rows = self._query("SELECT value FROM meta WHERE key = ?", (key,))
+        return rows[0][0] if rows else default
+
+    def set_meta(self, values: Mapping[str, object]) -> None:
+        with self._transaction() as db:
+            db.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                           [(k, str(v)) for k, v in values.items()])
+
+    def event(self, kind: str, **detail: object) -> None:
+        with self._transaction() as db:
+            db.execute("INSERT INTO events (kind, detail, created) VALUES (?, ?, ?)",
+                       (kind, json.dumps(detail), time.time()))
+
+    def events(self, kind: str | None = None) -> list[tuple[str, dict[str, Any], float]]:
+        sql = "SELECT kind, detail, created FROM events" + (" WHERE kind = ?" if kind else "") + " ORDER BY id"
+        return [(k, json.loads(d), c) for k, d, c in self._query(sql, (kind,) if kind else ())]
+
+    # -- candidates -------------------------------------------------------------------------
+
+    def add(self, candidates: Sequence[Candidate]) -> list[Candidate]:
+        """Stores `candidates` in one transaction; returns them with their new ids, which
+        are consecutive in the order given."""
+        added = []
+        with self._transaction() as db:
+            for c in candidates:
+                now = time.time()
+                cursor = db.execute(
+                    "INSERT INTO candidates (deltas, genome, scratchpad, operator, strategy, generation, "
+                    "status, fitness, mean_tokens, correctness, created) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                    (json.dumps(dict(c.deltas)), genome_key(list(c.deltas.values())), c.scratchpad,
+                     c.operator, c.strategy, c.generation, c.status, c.fitness, c.mean_tokens,
+                     c.correctness, now))
+                cid = int(cursor.lastrowid or 0)
+                db.executemany("INSERT INTO lineage (child, parent, position) VALUES (?, ?, ?)",
+                               [(cid, p, i) for i, p in enumerate(c.parents)])
+                added.append(replace(c, id=cid, created=now))
+        return added
+
+    def assess(self, cid: int, fitness: float, mean_tokens: float, correctness: float) -> None:
+        """Records a candidate's fitness on the whole pool, once it is known."""
+        with self._transaction() as db:
+            db.execute("UPDATE candidates SET fitness = ?, mean_tokens = ?, correctness = ? WHERE id = ?",
+                       (fitness, mean_tokens, correctness, cid))
+
+    def candidate(self, cid: int) -> Candidate | None:
+        rows = self._query(f"SELECT {_COLUMNS} FROM candidates WHERE id = ?", (cid,))
+        return self._candidates(rows)[0] if rows else None
+
+    def candidates(self, where: str = "", params: Sequence[Any] = ()) -> list[Candidate]:
+        """All candidates (optionally filtered by an SQL condition), in id order."""
+        sql = f"SELECT {_COLUMNS} FROM candidates {'WHERE ' + where if where else ''} ORDER BY id"
+        return self._candidates(self._query(sql, params))
+
+    def _candidates(self, rows: Sequence[tuple[Any, ...]]) -> list[Candidate]:
+        ids = [r[0] for r in rows]
+        parents: dict[int, list[int]] = {i: [] for i in ids}
+        for child, parent in self._query("SELECT child, parent FROM lineage ORDER BY child, position"):
+            if child in parents:
+                parents[child].append(parent)
+        return [Candidate(json.loads(deltas), scratchpad, operator, tuple(parents[cid]), strategy, generation,
+                          status, fitness, mean_tokens, correctness, cid, created)
+                for (cid, deltas, scratchpad, operator, strategy, generation, status, fitness, mean_tokens,
+                     correctness, created) in rows]
+
+    def edges(self) -> list[tuple[int, int]]:
+        """(parent, child) for every lineage link."""
+        return [(p, c) for c, p in self._query("SELECT child, parent FROM lineage ORDER BY child, position")]
+
+    def last_candidate_id(self) -> int:
+        return int(self._query("SELECT coalesce(max(id), 0) FROM candidates")[0][0])
+
+    def best(self) -> Candidate | None:
+        """The fittest candidate assessed on the whole pool; the earliest on a tie."""
+        rows = self._query(f"SELECT {_COLUMNS} FROM candidates WHERE fitness IS NOT NULL "
+                           "ORDER BY fitness DESC, id ASC LIMIT 1")
+        return self._candidates(rows)[0] if rows else None
+
+    # -- placements (tree node ids) ---------------------------------------------------------
+
+    def place(self, placements: Sequence[tuple[str, int, int, str, int]], step: int) -> None:
+        """(label, candidate, generation, stage, index) rows, decided in strategy step `step`."""
+        with self._transaction() as db:
+            db.executemany("INSERT OR REPLACE INTO placements (label, candidate, generation, stage, idx, step) "
+                           "VALUES (?, ?, ?, ?, ?, ?)", [(*p, step) for p in placements])
+
+    def placements(self) -> list[tuple[str, int, int, str, int]]:
+        return [tuple(r) for r in self._query(  # type: ignore[misc]
+            "SELECT label, candidate, generation, stage, idx FROM placements ORDER BY generation, stage, idx")]
+
+    def rollback(self, last_candidate: int, from_step: int) -> int:
+        """Forgets what an interrupted step made: candidates after `last_candidate` and
+        placements decided in step `from_step` or later. Evaluations, reflector calls and
+        events stay (they are the cache and the record of what was spent). Returns the
+        number of candidates forgotten."""
+        with self._transaction() as db:
+            db.execute("DELETE FROM placements WHERE step >= ? OR candidate > ?", (from_step, last_candidate))
+            db.execute("DELETE FROM lineage WHERE child > ?", (last_candidate,))
+            return db.execute("DELETE FROM candidates WHERE id > ?", (last_candidate,)).rowcount
+
+    # -- the evaluation cache ---------------------------------------------------------------
+
+    def cached(self, genomes: Sequence[str], examples: Sequence[str], context: str) -> dict[tuple[str, str], Answer]:
+        """The stored answers among `genomes` x `examples` under `context`."""
+        found: dict[tuple[str, str], Answer] = {}
+        wanted = set(examples)
+        for genome in dict.fromkeys(genomes):
+            for example, answer, tokens, correct, reasoning in self._query(
+                    "SELECT example, answer, tokens, is_correct, reasoning FROM evaluations "
+                    "WHERE genome = ? AND context = ?", (genome, context)):
+                if example in wanted:
+                    found[genome, example] = Answer(answer, tokens, bool(correct), reasoning)
+        return found
+
+    def store(self, answers: Mapping[tuple[str, str], Answer], context: str, cache_hits: int) -> None:
+        """One batch of fresh answers and the count of pairs the cache served, in one
+        transaction."""
+        now = time.time()
+        with self._transaction() as db:
+            db.execute("INSERT INTO meta (key, value) VALUES ('cache_hits', ?) ON CONFLICT(key) DO UPDATE "
+                       "SET value = CAST(value AS INTEGER) + excluded.value", (cache_hits,))
+            db.executemany(
+                "INSERT OR REPLACE INTO evaluations (genome, example, context, answer, tokens, is_correct, "
+                "reasoning, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(g, e, context, a.answer, a.tokens, int(a.is_correct), a.reasoning, now)
+                 for (g, e), a in answers.items()])
+
+    def cache_hits(self) -> int:
+        return int(self.meta("cache_hits", "0") or 0)
+
+    def metric_calls(self) -> int:
+        """Fresh (genome, example) evaluations ever made in this run directory."""
+        return int(self._query("SELECT count(*) FROM evaluations")[0][0])
+
+    # -- reflector calls --------------------------------------------------------------------
+
+    def record_call(self, call: CallRecord) -> None:
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO reflector_calls (kind, candidate, parents, generation, attempt, prompt_tokens, "
+                "completion_tokens, latency, verdict, created) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (call.kind, call.candidate, json.dumps(list(call.parents)), call.generation, call.attempt,
+                 call.prompt_tokens, call.completion_tokens, call.latency, call.verdict, time.time()))
+
+    def reflector_tokens(self) -> tuple[int, int, int]:
+        """(calls, prompt tokens, completion tokens) over the whole run."""
+        calls, prompt, completion = self._query(
+            "SELECT count(*), coalesce(sum(prompt_tokens), 0), coalesce(sum(completion_tokens), 0) "
+            "FROM reflector_calls")[0]
+        return int(calls), int(prompt), int(completion)
+
+    def calls_about(self, cid: int) -> list[CallRecord]:
+        rows = self._query("SELECT kind, candidate, parents, generation, attempt, prompt_tokens, completion_tokens, "
+                           "latency, verdict FROM reflector_calls WHERE candidate = ? ORDER BY id", (cid,))
+        return [CallRecord(k, c, tuple(json.loads(p)), g, a, pt, ct, lat, v) for k, c, p, g, a, pt, ct, lat, v in rows]
+
+    def integrity(self) -> str:
+        return str(self._query("PRAGMA integrity_check")[0][0])
+
+
+_COLUMNS = ("id, deltas, scratchpad, operator, strategy, generation, status, fitness, mean_tokens, "
+            "correctness, created")

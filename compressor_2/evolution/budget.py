@@ -1,0 +1,109 @@
+"""The run's three budgets (each 0 for unlimited) and what a step of a strategy costs.
+
+- CONFIG_MAX_METRIC_CALLS: fresh (genome, example) evaluations; cache hits are free;
+- CONFIG_MAX_REFLECTOR_TOKENS: prompt + completion tokens of every reflector attempt;
+- CONFIG_MAX_WALL_MINUTES: wall time summed over the run's sessions.
+
+A strategy asks `exhausted()` between steps and stops at the first budget reached, so
+a step that starts under budget finishes (it may overshoot by one step). The counts
+come from the run archive, so they survive resumes, and a rerun with a raised budget
+continues where the run stopped.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from compressor_2.archive.database import RunArchive
+from compressor_2.config import Config
+
+
+@dataclass(frozen=True)
+class Limits:
+    metric_calls: int
+    reflector_tokens: int
+    wall_minutes: float
+
+    @classmethod
+    def from_config(cls, config: Config) -> Limits:
+        return cls(config.max_metric_calls, config.max_reflector_tokens, config.max_wall_minutes)
+
+
+@dataclass(frozen=True)
+class Spent:
+    metric_calls: int
+    reflector_tokens: int
+    wall_minutes: float
+
+
+@dataclass(frozen=True)
+class Cost:
+    """A strategy's estimate of its steps, before any work."""
+
+    step: str  # what a step is called: "generation", "iteration"
+    first_metric_calls: float  # the set-up (e.g. evaluating the initial population)
+    metric_calls: float  # each step after it
+    reflector_tokens: float  # each step
+
+
+def stop_reason(limits: Limits, spent: Spent) -> str | None:
+    """The first budget reached, in words, or None."""
+    if limits.metric_calls and spent.metric_calls >= limits.metric_calls:
+        return f"CONFIG_MAX_METRIC_CALLS={limits.metric_calls} reached ({spent.metric_calls} metric calls)"
+    if limits.reflector_tokens and spent.reflector_tokens >= limits.reflector_tokens:
+        return (f"CONFIG_MAX_REFLECTOR_TOKENS={limits.reflector_tokens} reached "
+                f"({spent.reflector_tokens} reflector tokens)")
+    if limits.wall_minutes and spent.wall_minutes >= limits.wall_minutes:
+        return f"CONFIG_MAX_WALL_MINUTES={limits.wall_minutes:g} reached ({spent.wall_minutes:.1f} minutes)"
+    return None
+
+
+def shortfall(limits: Limits, spent: Spent, cost: Cost, steps: int = 3) -> str | None:
+    """A warning, with the numbers, when what is left of a budget cannot pay for `steps`
+    more steps (GEPA users ran "optimisations" that made one proposal)."""
+    warnings = []
+    if limits.metric_calls:
+        left = limits.metric_calls - spent.metric_calls
+        need = cost.first_metric_calls + steps * cost.metric_calls
+        if left < need:
+            affordable = max(0, math.floor((left - cost.first_metric_calls) / cost.metric_calls)) \
+                if cost.metric_calls else steps
+            warnings.append(
+                f"CONFIG_MAX_METRIC_CALLS={limits.metric_calls} leaves {left} metric calls, enough for about "
+                f"{affordable} {cost.step}(s): the start costs about {cost.first_metric_calls:.0f} and each "
+                f"{cost.step} about {cost.metric_calls:.0f}, so {steps} need about {need:.0f}")
+    if limits.reflector_tokens and cost.reflector_tokens:
+        left = limits.reflector_tokens - spent.reflector_tokens
+        need = steps * cost.reflector_tokens
+        if left < need:
+            warnings.append(
+                f"CONFIG_MAX_REFLECTOR_TOKENS={limits.reflector_tokens} leaves {left} tokens, enough for about "
+                f"{max(0, math.floor(left / cost.reflector_tokens))} {cost.step}(s) at about "
+                f"{cost.reflector_tokens:.0f} per {cost.step}; {steps} need about {need:.0f}")
+    return "; ".join(warnings) or None
+
+
+class Budget:
+    """The run's limits and what it has spent, read from the archive."""
+
+    def __init__(self, limits: Limits, archive: RunArchive) -> None:
+        self.limits = limits
+        self.archive = archive
+        self._earlier_seconds = float(archive.meta("wall_seconds", "0") or 0)
+        self._session_start = time.monotonic()
+
+    def spent(self) -> Spent:
+        _, prompt, completion = self.archive.reflector_tokens()
+        return Spent(self.archive.metric_calls(), prompt + completion, self.seconds() / 60)
+
+    def seconds(self) -> float:
+        return self._earlier_seconds + time.monotonic() - self._session_start
+
+    def exhausted(self) -> str | None:
+        return stop_reason(self.limits, self.spent())
+
+    def checkpoint(self) -> None:
+        """Saves the wall time so far (at the end of each step, and on the way out)."""
+        self.archive.set_meta({"wall_seconds": round(self.seconds(), 3)})
