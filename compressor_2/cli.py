@@ -86,6 +86,17 @@ def _evolve(config: Config, args: argparse.Namespace) -> None:
     evolve(config)
 
 
+def _show_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("candidate", type=int, nargs="?", default=None, metavar="CANDIDATE_ID",
+                        help="show this candidate and its answers (default: the run summary and the best's lineage)")
+
+
+def _show(config: Config, args: argparse.Namespace) -> None:
+    from compressor_2.show import run_show
+
+    run_show(config, args.candidate)
+
+
 COMMANDS: tuple[Command, ...] = (
     Command("check-config", "validate a config and print the resolved settings", _no_arguments, _check_config),
     Command("build-clusters", "cluster the model's vocabulary (cached)", _build_clusters_arguments, _build_clusters),
@@ -95,6 +106,8 @@ COMMANDS: tuple[Command, ...] = (
             _evaluate_arguments, _evaluate),
     Command("evolve", "run the genetic evolution of steering deltas (resumes when state exists)",
             _no_arguments, _evolve),
+    Command("show", "print a run's summary, or one candidate with its answers (read only)",
+            _show_arguments, _show),
 )
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from compressor_2.archive.lineage import Lineage
 from compressor_2.errors import ConfigError
 
 ARCHIVE_FILE = "run.sqlite"
@@ -286,6 +287,11 @@ class RunArchive:
         """(parent, child) for every lineage link."""
         return [(p, c) for c, p in self._query("SELECT child, parent FROM lineage ORDER BY child, position")]
 
+    def lineage(self) -> Lineage:
+        """Parents, ancestors, descendants and children counts of the candidates so far."""
+        ids = [int(r[0]) for r in self._query("SELECT id FROM candidates")]
+        return Lineage(ids, self.edges())
+
     def last_candidate_id(self) -> int:
         return int(self._query("SELECT coalesce(max(id), 0) FROM candidates")[0][0])
 
@@ -330,6 +336,14 @@ class RunArchive:
                 if example in wanted:
                     found[genome, example] = Answer(answer, tokens, bool(correct), reasoning)
         return found
+
+    def answers_for(self, genome: str, context: str) -> dict[str, Answer]:
+        """Every stored answer of `genome` under `context`, by example key; for a sampling
+        run (its contexts carry a sample suffix) the latest sample of each example."""
+        rows = self._query("SELECT example, answer, tokens, is_correct, reasoning FROM evaluations "
+                           "WHERE genome = ? AND (context = ? OR context LIKE ?) ORDER BY created",
+                           (genome, context, f"{context}:sample:%"))
+        return {e: Answer(a, t, bool(c), r) for e, a, t, c, r in rows}
 
     def store(self, answers: Mapping[tuple[str, str], Answer], context: str, cache_hits: int) -> None:
         """One batch of fresh answers and the count of pairs the cache served, in one

@@ -95,10 +95,11 @@ def evolve(config: Config) -> None:
                 # A missing API key stops us here, before the model loads.
                 reflector = make_reflector(config, clusters, recorder=archive.record_call)
                 engine = LazyEngine(config, clusters)
+                context = answer_context(answer_settings(config, clusters.fingerprint))
+                archive.set_meta({"context": context})  # `show` reads this run's answers under it
                 evaluator = Evaluator(engine, make_judge(config), examples, config.lambda_shortness,
                                       config.lambda_correctness, config.shortness_scale, store=archive,
-                                      context=answer_context(answer_settings(config, clusters.fingerprint)),
-                                      reuse=config.temperature == 0)
+                                      context=context, reuse=config.temperature == 0)
                 budget = Budget(Limits.from_config(config), archive)
                 warning = shortfall(budget.limits, budget.spent(), strategy.estimate(config, len(examples)))
                 if warning:

@@ -1,0 +1,141 @@
+"""`python -m compressor_2 show [CANDIDATE_ID]`: a run read from its archive, read only.
+
+Without an id: the run summary (strategy, candidates, metric calls, cache hits,
+reflector tokens, wall time, status and stop reason, best) and the best candidate's
+lineage, one line per ancestor. With an id: that candidate, its parents and children,
+the reflector calls about it, and its answers on the training pool next to the
+unsteered baseline's (the all-zero genome when the run evaluated it, else the run's
+initial deltas).
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Sequence
+
+from compressor_2.archive.database import ARCHIVE_FILE, Answer, Candidate, RunArchive, genome_key
+from compressor_2.config import Config
+from compressor_2.errors import ConfigError
+from compressor_2.fitness import example_key
+
+ANSWER_WIDTH = 100
+
+
+def run_show(config: Config, candidate_id: int | None) -> None:
+    archive = RunArchive.open_read_only(config.output_dir / ARCHIVE_FILE)
+    try:
+        print(summary(archive) if candidate_id is None else candidate_report(config, archive, candidate_id))
+    finally:
+        archive.close()
+
+
+def describe(c: Candidate) -> str:
+    made = f"{c.operator} of {', '.join(f'#{p}' for p in c.parents)}" if c.parents else c.operator
+    assessed = (f"fitness {c.fitness:.4f}  {c.mean_tokens:.1f} tokens  {100 * (c.correctness or 0):.1f}% correct"
+                if c.fitness is not None else "not assessed on the whole pool")
+    rejected = "  (rejected)" if c.status != "evaluated" else ""
+    return f"#{c.id:<5} gen {c.generation:<3} {made:<24} {assessed}{rejected}"
+
+
+def status(archive: RunArchive) -> str:
+    events = [e for e in archive.events() if e[0] in ("start", "stop", "interrupted")]
+    if not events:
+        return "never started"
+    kind, detail, _ = events[-1]
+    if kind == "stop":
+        return f"stopped: {detail['reason']}"
+    if kind == "interrupted":
+        return "interrupted (rerun evolve to resume)"
+    return "running, or killed (no stop recorded since the last start; rerun evolve to resume)"
+
+
+def summary(archive: RunArchive) -> str:
+    candidates = archive.candidates()
+    rejected = sum(c.status != "evaluated" for c in candidates)
+    calls, prompt, completion = archive.reflector_tokens()
+    minutes = float(archive.meta("wall_seconds", "0") or 0) / 60
+    lines = [
+        f"run           {archive.path.parent}",
+        f"strategy      {archive.meta('strategy', '?')}",
+        f"status        {status(archive)}",
+        f"candidates    {len(candidates)} ({len(candidates) - rejected} kept, {rejected} rejected)",
+        f"metric calls  {archive.metric_calls()} fresh answers; {archive.cache_hits()} served from the cache",
+        f"reflector     {calls} calls, {prompt} prompt + {completion} completion tokens",
+        f"wall time     {minutes:.1f} min",
+    ]
+    best = archive.best()
+    if best is None:
+        return "\n".join([*lines, "best          (nothing assessed yet)"])
+    assert best.id is not None
+    by_id = {c.id: c for c in candidates}
+    ancestry = [by_id[a] for a in archive.lineage().ancestors(best.id)] + [best]
+    lines += [f"best          {describe(best)}", "",
+              f"lineage of #{best.id}, oldest first ({len(ancestry)} candidates):"]
+    lines += [f"  {describe(c)}" for c in ancestry]
+    return "\n".join(lines)
+
+
+def candidate_report(config: Config, archive: RunArchive, cid: int) -> str:
+    candidate = archive.candidate(cid)
+    if candidate is None:
+        raise ConfigError(f"candidate {cid} is not in '{archive.path}' "
+                          f"(it holds ids 1..{archive.last_candidate_id()})")
+    lineage = archive.lineage()
+    lines = [describe(candidate), f"strategy {candidate.strategy}, made {_when(candidate.created)}", ""]
+    lines += ["parents:"] + [f"  {describe(p)}" for p in _lookup(archive, candidate.parents)] or ["  (none)"]
+    children = lineage.children(cid)
+    lines += [f"children: {len(children)}" + (f" ({', '.join(f'#{c}' for c in children)})" if children else "")]
+    lines += ["", "deltas: " + "  ".join(f"{k}:{v:+.3f}" for k, v in candidate.deltas.items())]
+    lines += ["scratchpad:", textwrap.indent(candidate.scratchpad.strip() or "(empty)", "  ")]
+    calls = archive.calls_about(cid)
+    if calls:
+        lines += ["", "reflector calls about it:"] + [
+            f"  {c.kind} attempt {c.attempt}: {c.verdict} ({c.prompt_tokens}+{c.completion_tokens} tokens, "
+            f"{c.latency:.2f}s)" for c in calls]
+    lines += ["", *answers_side_by_side(config, archive, candidate)]
+    return "\n".join(lines)
+
+
+def answers_side_by_side(config: Config, archive: RunArchive, candidate: Candidate) -> list[str]:
+    from compressor_2.data.financebench import examples_from_config
+
+    context = archive.meta("context", "") or ""
+    examples = examples_from_config(config)
+    mine = archive.answers_for(genome_key(list(candidate.deltas.values())), context)
+    zeros = genome_key([0.0] * len(candidate.deltas))
+    baseline, label = archive.answers_for(zeros, context), "unsteered"
+    if not baseline:
+        initial = next(iter(archive.candidates("operator = 'initial'")), None)
+        if initial is not None:
+            baseline = archive.answers_for(genome_key(list(initial.deltas.values())), context)
+            label = "initial"
+    lines = [f"answers on the training pool: #{candidate.id} vs {label}"
+             + ("" if baseline else " (the run never evaluated the all-zero genome)")]
+    for ex in examples:
+        key = example_key(ex)
+        lines.append(f"{ex.id}  gold: {_one_line(ex.gold)}")
+        lines.append(f"  #{candidate.id:<9}{_answer(mine.get(key))}")
+        lines.append(f"  {label:<10}{_answer(baseline.get(key))}")
+    return lines
+
+
+def _answer(answer: Answer | None) -> str:
+    if answer is None:
+        return "(not evaluated on this example)"
+    mark = "correct  " if answer.is_correct else "WRONG    "
+    return f"{mark}{answer.tokens:>4} tok  {_one_line(answer.answer)}"
+
+
+def _one_line(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= ANSWER_WIDTH else flat[:ANSWER_WIDTH - 3] + "..."
+
+
+def _lookup(archive: RunArchive, ids: Sequence[int]) -> list[Candidate]:
+    return [c for c in (archive.candidate(i) for i in ids) if c is not None]
+
+
+def _when(timestamp: float) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M:%S")

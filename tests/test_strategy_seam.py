@@ -1,0 +1,68 @@
+"""A strategy is a module plus a Kconfig entry, nothing else: this test adds one (a
+one-step random probe) to a copy of Kconfig and a module registered under
+compressor_2.strategies, and runs it through `evolve` with the shared services."""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+import compressor_2.config as config_module
+from compressor_2.archive.database import Candidate
+from compressor_2.config import load_config
+from compressor_2.evolution.budget import Cost
+from compressor_2.evolution.run import evolve
+from compressor_2.evolution.state import Member
+from compressor_2.steering.deltas import to_dict
+from tests.test_evolution_support import shared_dir, write_config
+
+pytestmark = pytest.mark.slow
+
+
+def probe_module() -> types.ModuleType:
+    """Evaluates two fixed genomes on the first example, then one of them on the pool."""
+    module = types.ModuleType("compressor_2.strategies.probe")
+
+    def estimate(config, n_examples: int) -> Cost:
+        return Cost("probe", 0, 2 + n_examples, 0)
+
+    def run(run) -> str:
+        genomes = [[0.0] * len(run.cluster_ids), [5.0] + [0.0] * (len(run.cluster_ids) - 1)]
+        first = run.evaluate(genomes, "probe", examples=run.examples[:1])
+        made = run.archive.add([Candidate(to_dict(g, run.cluster_ids), "", "probe", (), "probe", 0,
+                                          status="rejected" if i else "evaluated")
+                                for i, (g, e) in enumerate(zip(genomes, first))])
+        [whole] = run.evaluate([genomes[0]], "probe pool")
+        run.archive.assess(made[0].id, whole.fitness, whole.mean_tokens, whole.correctness)
+        run.best.consider([(Member(made[0].deltas, "", made[0].id), whole)])
+        return run.stop_reason() or "probed"
+
+    module.estimate, module.run = estimate, run
+    return module
+
+
+def test_a_new_strategy_needs_a_module_and_a_kconfig_entry(tmp_path, tmp_path_factory, tiny_model_dir,
+                                                           monkeypatch, capsys):
+    kconfig = tmp_path / "Kconfig"
+    kconfig.write_text(config_module.KCONFIG_PATH.read_text().replace(
+        'config STRATEGY_GA\n\tbool "ga: seed 000\'s DEAP genetic algorithm"\n',
+        'config STRATEGY_GA\n\tbool "ga: seed 000\'s DEAP genetic algorithm"\n\n'
+        'config STRATEGY_PROBE\n\tbool "probe"\n'))
+    monkeypatch.setattr(config_module, "KCONFIG_PATH", kconfig)
+    monkeypatch.setitem(sys.modules, "compressor_2.strategies.probe", probe_module())
+
+    config = load_config(write_config(tmp_path, shared_dir(tmp_path_factory), tiny_model_dir, STRATEGY_PROBE="y"))
+    assert config.strategy == "probe"
+    evolve(config)
+    assert capsys.readouterr().out.splitlines()[-1].startswith("stopped: probed; best fitness")
+    with sqlite3.connect(config.output_dir / "run.sqlite") as db:
+        assert db.execute("SELECT id, operator, strategy, status FROM candidates").fetchall() == [
+            (1, "probe", "probe", "evaluated"), (2, "probe", "probe", "rejected")]
+        # Two genomes on one example, then the first's two other examples: 4 fresh answers.
+        assert db.execute("SELECT count(*) FROM evaluations").fetchone() == (4,)
+        assert db.execute("SELECT value FROM meta WHERE key = 'strategy'").fetchone() == ("probe",)
+    assert (config.output_dir / "deltas_best.json").exists()
