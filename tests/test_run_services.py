@@ -99,7 +99,8 @@ def test_a_reflector_token_budget_counts_every_attempt(tmp_path, shared, tiny_mo
                           REFLECTOR_MAX_RETRIES="0"))
     out = capsys.readouterr().out
     assert "warning: CONFIG_MAX_REFLECTOR_TOKENS=1 leaves 1 tokens" in out
-    calls = rows(tmp_path / "out", "SELECT kind, prompt_tokens, completion_tokens, verdict, latency FROM reflector_calls")
+    calls = rows(tmp_path / "out",
+                 "SELECT kind, prompt_tokens, completion_tokens, verdict, latency FROM reflector_calls")
     spent = sum(p + c for _, p, c, _, _ in calls)
     assert calls and all(v == "accepted" and lat >= 0 for *_, v, lat in calls)
     assert f"stopped: CONFIG_MAX_REFLECTOR_TOKENS=1 reached ({spent} reflector tokens)" in last_line(out)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import sqlite3
 import sys
 import types
-from pathlib import Path
 
 import pytest
 

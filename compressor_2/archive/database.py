@@ -273,9 +273,11 @@ class RunArchive:
         return self._candidates(self._query(sql, params))
 
     def _candidates(self, rows: Sequence[tuple[Any, ...]]) -> list[Candidate]:
-        ids = [r[0] for r in rows]
-        parents: dict[int, list[int]] = {i: [] for i in ids}
-        for child, parent in self._query("SELECT child, parent FROM lineage ORDER BY child, position"):
+        parents: dict[int, list[int]] = {r[0]: [] for r in rows}
+        links = (self._query("SELECT child, parent FROM lineage WHERE child = ? ORDER BY position", (rows[0][0],))
+                 if len(rows) == 1 else
+                 self._query("SELECT child, parent FROM lineage ORDER BY child, position"))
+        for child, parent in links:
             if child in parents:
                 parents[child].append(parent)
         return [Candidate(json.loads(deltas), scratchpad, operator, tuple(parents[cid]), strategy, generation,

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import networkx as nx
 from matplotlib.lines import Line2D
