@@ -60,10 +60,11 @@ def test_a_metric_call_budget_stops_the_run_and_a_raised_one_continues_it(tmp_pa
     assert history[0]["metric_calls"] == spent
     assert read_json(tmp_path / "out" / "evolution_state.json")["generation"] == 1
 
-    # The same budget again: nothing to spend, nothing generated.
+    # The same budget again: nothing to spend, nothing generated, the history as it was.
     evolve(config_for(tmp_path, shared, tiny_model_dir, MAX_METRIC_CALLS="5"))
     assert last_line(capsys.readouterr().out).startswith(f"stopped: {reason}")
     assert rows(tmp_path / "out", "SELECT count(*) FROM evaluations")[0][0] == spent
+    assert read_json(tmp_path / "out" / "history.json") == history
 
     # Unlimited: the run continues to the end, exactly as if it had never stopped.
     evolve(config_for(tmp_path, shared, tiny_model_dir))

@@ -87,7 +87,7 @@ def run(run: Run) -> str:
     try:
         for g in range(start, config.ngen):
             if reason := run.stop_reason():
-                ga.stop(reason)
+                ga.stop(g, population, reason)
                 return reason
             ga.snapshot = ga.state(g, population)
             population = generation(ga, g, population)
@@ -95,7 +95,7 @@ def run(run: Run) -> str:
         if ga.snapshot is not None:
             ga.persist_interrupted()
         raise
-    ga.stop(reason := f"all {config.ngen} generations ran")
+    ga.stop(config.ngen, population, reason := f"all {config.ngen} generations ran")
     return reason
 
 
@@ -255,8 +255,11 @@ class GA:
         say(generation_line(g, self.run.config.ngen, final, entry(stats, work),
                             self.run.budget.seconds()))
 
-    def stop(self, reason: str) -> None:
-        """The stop reason goes into the last history entry."""
+    def stop(self, g: int, population: Sequence[Individual], reason: str) -> None:
+        """The history ends with the population entering generation g, and why the run
+        stopped there."""
+        if all(ind.fitness.valid for ind in population):
+            self.history[g:] = [entry(population_stats(g, population, self.run.best.fitness), Work())]
         if self.history:
             self.history[-1]["stop_reason"] = reason
             save_history(self.run.out / HISTORY_FILE, self.history)
