@@ -23,7 +23,9 @@ KCONFIG_PATH = Path(__file__).resolve().parent.parent / "Kconfig"
 EngineName = Literal["transformers", "sglang"]
 JudgeName = Literal["numeric", "llm", "hybrid"]
 ReflectorName = Literal["local", "openai"]
-SELECTIONS = ("tournament", "truncation")
+SELECTIONS = ("tournament", "truncation", "llm")
+FALLBACK_SELECTIONS = ("tournament", "truncation")
+MUTATION_SCOPES = ("cluster", "vector")
 
 
 @dataclass(frozen=True)
@@ -91,8 +93,10 @@ class Config:
     mutpb: float
     elitism_size: int
     selection: str
+    selection_fallback: str | None  # with selection "llm"
     tournament_size: int | None
     truncation_top_k: int | None
+    mutation_scope: str
     # Clustering
     embedding_model: str
     pca_components: int
@@ -180,6 +184,11 @@ def _check_kconfig_warnings(kconf: kconfiglib.Kconfig) -> None:
         raise ConfigError(" ".join(message.split()))
 
 
+def _symbol_name(sc: kconfiglib.Symbol) -> str:
+    """A symbol as users write it in .config; a constant (`"llm"` in `SELECTION = "llm"`) quoted."""
+    return f'"{sc.name}"' if sc.is_constant else f"CONFIG_{sc.name}"
+
+
 def _check_unmet_assignments(kconf: kconfiglib.Kconfig) -> None:
     for sym in kconf.unique_defined_syms:
         if sym.user_value is None:
@@ -198,7 +207,7 @@ def _check_unmet_assignments(kconf: kconfiglib.Kconfig) -> None:
                 )
             raise ConfigError(
                 f"CONFIG_{sym.name}={shown} is set but its dependency "
-                f"({kconfiglib.expr_str(sym.direct_dep, lambda sc: 'CONFIG_' + sc.name)}) is not met, "
+                f"({kconfiglib.expr_str(sym.direct_dep, _symbol_name)}) is not met, "
                 "so it would be ignored"
             )
 
@@ -263,8 +272,19 @@ def _build(r: _Reader) -> Config:
         selection in SELECTIONS,
         f"CONFIG_SELECTION={selection!r} is unknown; use one of {', '.join(SELECTIONS)}",
     )
-    tournament_size = _selection_size(r, "TOURNAMENT_SIZE", selection == "tournament", population)
-    truncation_top_k = _selection_size(r, "TRUNCATION_TOP_K", selection == "truncation", population)
+    fallback = None
+    if selection == "llm":
+        fallback = r.string("SELECTION_FALLBACK").strip()
+        _require(fallback != "", 'CONFIG_SELECTION_FALLBACK is not set but CONFIG_SELECTION="llm" needs it '
+                 f"(one of {', '.join(FALLBACK_SELECTIONS)})")
+        _require(fallback in FALLBACK_SELECTIONS, f"CONFIG_SELECTION_FALLBACK={fallback!r} is unknown; use one of "
+                 f"{', '.join(FALLBACK_SELECTIONS)}")
+    drawn = {selection, fallback}
+    tournament_size = _selection_size(r, "TOURNAMENT_SIZE", "tournament" in drawn, population)
+    truncation_top_k = _selection_size(r, "TRUNCATION_TOP_K", "truncation" in drawn, population)
+    scope = r.string("MUTATION_SCOPE").strip()
+    _require(scope in MUTATION_SCOPES,
+             f"CONFIG_MUTATION_SCOPE={scope!r} is unknown; use one of {', '.join(MUTATION_SCOPES)}")
 
     lambdas = {name: r.number(name) for name in ("LAMBDA_SHORTNESS", "LAMBDA_CORRECTNESS")}
     for name, value in lambdas.items():
@@ -355,8 +375,10 @@ def _build(r: _Reader) -> Config:
         mutpb=probabilities["MUTPB"],
         elitism_size=elitism,
         selection=selection,
+        selection_fallback=fallback,
         tournament_size=tournament_size,
         truncation_top_k=truncation_top_k,
+        mutation_scope=scope,
         embedding_model=r.string("EMBEDDING_MODEL"),
         pca_components=r.integer("PCA_COMPONENTS"),
         num_clusters=r.integer("NUM_CLUSTERS"),
@@ -368,7 +390,8 @@ def _selection_size(r: _Reader, name: str, required: bool, population: int) -> i
     value = r.integer(name)
     if not required:
         return None
-    _require(value != -1, f"CONFIG_{name} is not set (still at its sentinel -1) but CONFIG_SELECTION needs it")
+    _require(value != -1, f"CONFIG_{name} is not set (still at its sentinel -1) but CONFIG_SELECTION "
+             "(or CONFIG_SELECTION_FALLBACK) needs it")
     _require(
         2 <= value <= population,
         f"CONFIG_{name}={value} must be in [2, population] = [2, {population}]",

@@ -9,6 +9,8 @@ Tables:
   `g{g}_pop{i}` / `_pre` / `_mut` node ids of seed 000 §8), for the evolution tree;
 - `evaluations`: one answer per (genome, example, context), the evaluation cache;
 - `reflector_calls`: kind, candidate, tokens, latency and verdict of every attempt;
+- `selections`, `selection_rounds`: seed 002's selections per generation (candidate,
+  category, reasoning) and the round's summary, or why it fell back;
 - `events`: starts, resumes, interruptions and stop reasons;
 - `meta`: schema version, strategy, cumulative wall time and cache hits.
 
@@ -91,6 +93,19 @@ CREATE TABLE IF NOT EXISTS reflector_calls (
     latency REAL NOT NULL,
     verdict TEXT NOT NULL,
     created REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS selections (
+    generation INTEGER NOT NULL,
+    position INTEGER NOT NULL,
+    candidate INTEGER NOT NULL,
+    category TEXT NOT NULL,
+    reasoning TEXT NOT NULL,
+    PRIMARY KEY (generation, position)
+);
+CREATE TABLE IF NOT EXISTS selection_rounds (
+    generation INTEGER PRIMARY KEY,
+    summary TEXT NOT NULL,
+    fallback TEXT
 );
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY,
@@ -317,13 +332,32 @@ class RunArchive:
 
     def rollback(self, last_candidate: int, from_step: int) -> int:
         """Forgets what an interrupted step made: candidates after `last_candidate` and
-        placements decided in step `from_step` or later. Evaluations, reflector calls and
+        placements and selections decided in step `from_step` or later. Evaluations, reflector calls and
         events stay (they are the cache and the record of what was spent). Returns the
         number of candidates forgotten."""
         with self._transaction() as db:
             db.execute("DELETE FROM placements WHERE step >= ? OR candidate > ?", (from_step, last_candidate))
+            db.execute("DELETE FROM selections WHERE generation >= ?", (from_step,))
+            db.execute("DELETE FROM selection_rounds WHERE generation >= ?", (from_step,))
             db.execute("DELETE FROM lineage WHERE child > ?", (last_candidate,))
             return db.execute("DELETE FROM candidates WHERE id > ?", (last_candidate,)).rowcount
+
+    # -- selections (seed 002) --------------------------------------------------------------
+
+    def record_selection(self, generation: int, selections: Sequence[tuple[int, str, str]], summary: str,
+                         fallback: str | None) -> None:
+        """(candidate, category, reasoning) rows of one generation's selection, in one transaction."""
+        with self._transaction() as db:
+            db.execute("DELETE FROM selections WHERE generation = ?", (generation,))
+            db.executemany("INSERT INTO selections (generation, position, candidate, category, reasoning) "
+                           "VALUES (?, ?, ?, ?, ?)", [(generation, i, *s) for i, s in enumerate(selections)])
+            db.execute("INSERT OR REPLACE INTO selection_rounds (generation, summary, fallback) VALUES (?, ?, ?)",
+                       (generation, summary, fallback))
+
+    def selections(self) -> list[tuple[int, int, str, str]]:
+        """(generation, candidate, category, reasoning), in order."""
+        return [tuple(r) for r in self._query(  # type: ignore[misc]
+            "SELECT generation, candidate, category, reasoning FROM selections ORDER BY generation, position")]
 
     # -- the evaluation cache ---------------------------------------------------------------
 

@@ -33,6 +33,7 @@ class Work:
     reflector_prompt_tokens: int = 0
     reflector_completion_tokens: int = 0
     seconds: float = 0.0
+    selection: dict[str, Any] | None = None  # CONFIG_SELECTION="llm": the selector's choice
 
 
 def population_stats(generation: int, population: Sequence[Any], best_ever: float) -> dict[str, Any]:
@@ -52,7 +53,10 @@ def population_stats(generation: int, population: Sequence[Any], best_ever: floa
 
 
 def entry(stats: dict[str, Any], work: Work) -> dict[str, Any]:
-    return {**stats, **asdict(work)}
+    done = asdict(work)
+    if done["selection"] is None:
+        del done["selection"]
+    return {**stats, **done}
 
 
 def load_history(path: Path, before: int) -> list[dict[str, Any]]:

@@ -16,9 +16,11 @@ from typing import Any
 
 from deap import base, creator
 
-from compressor_2.evolution.operators import RRState, Selection, next_target, weighted_average
+from compressor_2.evolution.operators import RRState, Selection, append_summary, next_target, weighted_average
 from compressor_2.fitness import Evaluation, Evaluator
-from compressor_2.reflector.base import MergeRequest, MutationRequest, MutationResult, Reflector
+from compressor_2.reflector.base import (
+    MergeRequest, MutationRequest, MutationResult, Reflector, VectorRequest, VectorResult,
+)
 from compressor_2.steering.deltas import to_dict
 
 if not hasattr(creator, "FitnessMax"):
@@ -107,13 +109,41 @@ def _apply_mutation(ind: Individual, k: int, request: MutationRequest,
     return result
 
 
-def make_toolbox(evaluator: Evaluator, reflector: Reflector, selection: Selection,
-                 rr_state: RRState, cluster_ids: Sequence[str], pool: Executor) -> base.Toolbox:
-    """Register mutate only after `rr_state.rr_idx` holds the resumed value (seed 000 §8)."""
+def make_vector_mutate(reflector: Reflector, cluster_ids: Sequence[str],
+                       pool: Executor) -> Callable[..., Future[VectorResult]]:
+    """Seed 001 §4 inside the GA: the reflector proposes every delta at once; its summary
+    is appended to the scratchpad. Runs in `pool` and changes the individual in place."""
+    ids = list(cluster_ids)
+
+    def mutate(ind: Individual, *, generation: int, child: int) -> Future[VectorResult]:
+        request = VectorRequest(generation, child, to_dict(ind, ids), ind.scratchpad, fitness(ind),
+                                ind.evaluation.records, ind.candidate_id)
+        return pool.submit(_apply_vector, ind, request, reflector)
+
+    return mutate
+
+
+def _apply_vector(ind: Individual, request: VectorRequest, reflector: Reflector) -> VectorResult:
+    result = reflector.mutate_vector(request)
+    if result.deltas is not None:
+        ind[:] = [result.deltas[cid] for cid in request.deltas]
+        ind.scratchpad = append_summary(ind.scratchpad, result.summary)
+        invalidate(ind)
+    return result
+
+
+def make_toolbox(evaluator: Evaluator, reflector: Reflector, selection: Selection, fallback: Selection | None,
+                 rr_state: RRState, cluster_ids: Sequence[str], pool: Executor, scope: str) -> base.Toolbox:
+    """Register mutate only after `rr_state.rr_idx` holds the resumed value (seed 000 §8).
+    `fallback` selects when the LLM selection's reply was invalid twice; `scope` is
+    CONFIG_MUTATION_SCOPE."""
     toolbox = base.Toolbox()
     toolbox.register("clone", copy.deepcopy)
     toolbox.register("evaluate", evaluate, evaluator)
     toolbox.register("select", selection.select)
+    if fallback is not None:
+        toolbox.register("fallback", fallback.select)
     toolbox.register("mate", mate, reflector=reflector)
-    toolbox.register("mutate", make_mutate(rr_state, reflector, cluster_ids, pool))
+    toolbox.register("mutate", make_mutate(rr_state, reflector, cluster_ids, pool) if scope == "cluster"
+                     else make_vector_mutate(reflector, cluster_ids, pool))
     return toolbox

@@ -7,7 +7,7 @@ and saves its state, so a resumed run draws what an uninterrupted one would have
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
 
 from deap import tools
@@ -42,6 +42,11 @@ def next_target(rr: RRState) -> str:
     return target
 
 
+def append_summary(scratchpad: str, summary: str) -> str:
+    """Seed 001 §4.3: the driver appends the reflector's summary to the evolving summary."""
+    return "\n".join(part for part in (scratchpad.strip(), summary.strip()) if part)
+
+
 def pairs(parents: Sequence[T]) -> list[tuple[T, T]]:
     """2N selected parents -> N (A, B) pairs, in selection order."""
     if len(parents) % 2:
@@ -72,6 +77,14 @@ class Truncation:
         return tools.selRandom(tools.selBest(population, self.top_k), k)
 
 
+@dataclass(frozen=True)
+class Uniform:
+    """Seed 002's parents: the members the selector chose, drawn uniformly with replacement."""
+
+    def select(self, population: Sequence[T], k: int) -> list[T]:
+        return tools.selRandom(population, k)
+
+
 def _size(symbol: str, value: int | None, population_size: int) -> int:
     """Seed 000 §2: a tournament size or truncation top-k lies in [2, population]."""
     if value is None or not 2 <= value <= population_size:
@@ -82,6 +95,7 @@ def _size(symbol: str, value: int | None, population_size: int) -> int:
 SELECTIONS: dict[str, Callable[[Config], Selection]] = {
     "tournament": lambda c: Tournament(_size("CONFIG_TOURNAMENT_SIZE", c.tournament_size, c.population_size)),
     "truncation": lambda c: Truncation(_size("CONFIG_TRUNCATION_TOP_K", c.truncation_top_k, c.population_size)),
+    "llm": lambda c: Uniform(),
 }
 
 
@@ -89,3 +103,10 @@ def make_selection(config: Config) -> Selection:
     if config.selection not in SELECTIONS:
         raise ConfigError(f"CONFIG_SELECTION={config.selection!r} is unknown; use one of {', '.join(SELECTIONS)}")
     return SELECTIONS[config.selection](config)
+
+
+def make_fallback(config: Config) -> Selection | None:
+    """CONFIG_SELECTION_FALLBACK's selection, for when the selector's reply is invalid twice."""
+    if config.selection != "llm" or config.selection_fallback is None:
+        return None
+    return make_selection(replace(config, selection=config.selection_fallback))

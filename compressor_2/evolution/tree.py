@@ -3,6 +3,8 @@
 Nodes: `g{g}_pop{i}` (population member i at the start of generation g),
 `g{g}_child{j}_pre` (offspring j after crossover or cloning, evaluated) and
 `g{g}_child{j}_mut` (the same offspring after a mutation that changed it).
+With LLM selection (seed 002) a population node the selector chose carries `selected`
+(its category) and `reasoning`, and is drawn with a ring in its category's colour.
 Edges: "parent" (pop -> pre; two for a crossover, one for a clone), "mutation"
 (pre -> mut), and "carry" (an elite or final offspring -> its place in the next
 generation's population; the seed's tree would otherwise stop at each generation).
@@ -26,6 +28,7 @@ TREE_FILE = "tree.json"
 STAGE_X = {"pop": 0, "pre": 1, "mut": 2}
 EDGE_STYLE = {"parent": ("#555555", "solid"), "mutation": ("#1f77b4", "solid"), "carry": ("#aaaaaa", "dotted")}
 MAX_LABELLED_NODES = 600
+SELECTED_STYLE = {"performance": "#d62728", "diversity": "#9467bd", "potential": "#ff7f0e"}  # ring colours
 
 
 def pop_id(generation: int, i: int) -> str:
@@ -60,6 +63,10 @@ class EvolutionTree:
                            operator=c.operator, fitness=c.fitness, mean_tokens=c.mean_tokens,
                            correctness=c.correctness, deltas=list(c.deltas.values()))
             placed.setdefault((generation, cid), []).append((stage, label))
+        for generation, cid, category, reasoning in archive.selections():
+            for stage, label in placed.get((generation, cid), []):
+                if stage == "pop":
+                    graph.nodes[label].update(selected=category, reasoning=reasoning)
         for label, cid, generation, stage, _ in rows:
             if stage == "pop":
                 source = _latest(placed.get((generation - 1, cid), []))
@@ -95,6 +102,11 @@ class EvolutionTree:
         fitness = [graph.nodes[n]["fitness"] for n in nodes]
         drawn = nx.draw_networkx_nodes(graph, pos, nodelist=nodes, node_color=fitness, cmap="RdYlGn",
                                        node_size=420, ax=ax)
+        for category, colour in SELECTED_STYLE.items():
+            chosen = [n for n in nodes if graph.nodes[n].get("selected") == category]
+            if chosen:
+                nx.draw_networkx_nodes(graph, pos, nodelist=chosen, node_color="none", edgecolors=colour,
+                                       linewidths=2.5, node_size=620, ax=ax)
         if len(nodes) <= MAX_LABELLED_NODES:
             nx.draw_networkx_labels(graph, pos, {n: f"{graph.nodes[n]['fitness']:.3f}" for n in nodes},
                                     font_size=6, font_color="black", ax=ax)
@@ -102,8 +114,11 @@ class EvolutionTree:
         generations = sorted({d["generation"] for _, d in graph.nodes(data=True)})
         ax.set_xticks([3 * g for g in generations], [f"gen {g}" for g in generations])
         ax.tick_params(left=False, labelleft=False, bottom=True, labelbottom=True)
-        ax.legend(handles=[Line2D([], [], color=c, linestyle=st, label=kind) for kind, (c, st) in EDGE_STYLE.items()],
-                  loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=3, fontsize=7, frameon=False)
+        handles = [Line2D([], [], color=c, linestyle=st, label=kind) for kind, (c, st) in EDGE_STYLE.items()]
+        if any("selected" in d for _, d in graph.nodes(data=True)):
+            handles += [Line2D([], [], marker="o", color=c, markerfacecolor="none", linestyle="none",
+                               label=f"selected: {category}") for category, c in SELECTED_STYLE.items()]
+        ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=3, fontsize=7, frameon=False)
         ax.set_title("Evolution tree: per generation, population | offspring | mutated offspring",
                      loc="left", fontsize=9)
         fig.tight_layout()

@@ -56,12 +56,81 @@ class MergeRequest:
 
 
 @dataclass(frozen=True)
+class VectorRequest:
+    """Seed 001 §4: propose every delta at once; the scratchpad is the evolving summary."""
+
+    generation: int
+    child: int
+    deltas: Mapping[str, float]  # canonical order
+    scratchpad: str
+    fitness: float
+    records: Sequence[Record]
+    candidate: int | None = None
+
+
+@dataclass(frozen=True)
+class PopulationMember:
+    """One population member as the selection call sees it (seed 002's trial result)."""
+
+    candidate_id: int
+    fitness: float
+    mean_tokens: float
+    correctness: float
+    deltas: Mapping[str, float]
+    scratchpad: str
+    operator: str  # what made it: initial, crossover, clone, mutation, ...
+    parents: tuple[int, ...]
+    parent_fitness: float | None  # its fittest parent's, when it has one
+
+
+@dataclass(frozen=True)
+class SelectionRequest:
+    """Seed 002: which members carry forward; `members` in population order."""
+
+    generation: int
+    members: tuple[PopulationMember, ...]
+
+
+@dataclass(frozen=True)
+class Selected:
+    candidate_id: int
+    reasoning: str
+    category: str  # performance | diversity | potential
+
+
+@dataclass(frozen=True)
 class MutationResult:
     delta: float | None  # None: both attempts were invalid, the mutation is skipped
     scratchpad: str  # the request's own scratchpad when skipped
     attempts: int
     usage: Usage
     rejected: tuple[str, ...] = ()  # why each rejected attempt was rejected
+
+    @property
+    def changed(self) -> bool:
+        return self.delta is not None
+
+
+@dataclass(frozen=True)
+class VectorResult:
+    deltas: dict[str, float] | None  # None: both attempts were invalid, the mutation is skipped
+    summary: str  # what the driver appends to the scratchpad ("" when skipped)
+    attempts: int
+    usage: Usage
+    rejected: tuple[str, ...] = ()
+
+    @property
+    def changed(self) -> bool:
+        return self.deltas is not None
+
+
+@dataclass(frozen=True)
+class SelectionResult:
+    selections: tuple[Selected, ...]  # empty: both attempts were invalid, the caller falls back
+    summary: str
+    attempts: int
+    usage: Usage
+    rejected: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -92,6 +161,10 @@ class Proposer(Protocol):
 
     def merge(self, request: MergeRequest, messages: list[Message], attempt: int) -> Reply: ...
 
+    def vector_mutation(self, request: VectorRequest, messages: list[Message], attempt: int) -> Reply: ...
+
+    def selection(self, request: SelectionRequest, messages: list[Message], attempt: int) -> Reply: ...
+
     def close(self) -> None: ...
 
 
@@ -100,6 +173,10 @@ class Reflector(Protocol):
 
     def mutate(self, request: MutationRequest) -> MutationResult: ...
 
+    def mutate_vector(self, request: VectorRequest) -> VectorResult: ...
+
     def merge(self, request: MergeRequest) -> MergeResult: ...
+
+    def select(self, request: SelectionRequest) -> SelectionResult: ...
 
     def close(self) -> None: ...

@@ -16,6 +16,13 @@ whether the judge found it correct, and how long it is relative to its gold answ
   paid off and halves after one that did not, read back from the scratchpad notes, so
   each lineage settles near the value that works for it.
 
+Full-vector mode (CONFIG_MUTATION_SCOPE="vector") applies the same rule to EOS and the
+two other clusters with the strongest evidence at once, and returns its notes as the
+summary the driver appends to the scratchpad. As the selector (CONFIG_SELECTION="llm")
+it picks the fittest member (performance), the one farthest from it in delta space
+among the better half (diversity), and the largest gain over its parent or else the
+most correct among the longer answers (potential).
+
 Every proposal is a pure function of the request and CONFIG_SEED (the jitter comes from
 an RNG seeded per call), so concurrent calls and resumed runs propose the same values.
 """
@@ -23,16 +30,19 @@ an RNG seeded per call), so concurrent calls and resumed runs propose the same v
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from compressor_2.reflector.base import MergeRequest, Message, MutationRequest, Reply, Usage
+from compressor_2.reflector.base import (
+    MergeRequest, Message, MutationRequest, Reply, SelectionRequest, Usage, VectorRequest,
+)
 
 if TYPE_CHECKING:
     from compressor_2.clusters.build import ClusterSet
@@ -44,6 +54,8 @@ MAX_NOTES = 40  # a lineage's scratchpad keeps its most recent notes
 GROW, SHRINK = 1.5, 0.5
 STEP_RANGE = (1 / 16, 8.0)  # the step stays within these multiples of the initial step
 JITTER = (0.8, 1.25)
+VECTOR_MOVES = 3  # clusters a full-vector proposal moves: EOS and the two with the strongest evidence
+MEMORY_STRENGTH = 3.0  # a lineage's verdict on a move outweighs any share difference (those sum to at most 2)
 
 _MOVE = re.compile(r"^g(\d+): moved cluster (\d+) (up|down) from \S+ to \S+ \(step ([0-9.]+)\)"
                    r".*before: fitness (-?[0-9.]+)")
@@ -169,7 +181,7 @@ class LocalProposer:
             notes.append(note)
         memory = _latest([o for o in parse_outcomes(lines + notes) if o.cluster == request.target])
 
-        direction, reason = self._direction(request, memory)
+        direction, reason, _ = self._direction(request, memory)
         rng = random.Random(f"{self.seed}/{request.generation}/{request.child}/{request.target}/{attempt}")
         current = request.deltas[request.target]
         new = self._next_value(current, direction, step * rng.uniform(*JITTER))
@@ -186,7 +198,82 @@ class LocalProposer:
         scratchpad = "\n".join(keep_recent(lines + notes))
         return Reply(json.dumps({"delta": new, "scratchpad": scratchpad}), Usage(calls=1))
 
-    def _judge_last_move(self, move: Move, request: MutationRequest) -> tuple[float, str]:
+    # -- full-vector mutation (seed 001 §4) ---------------------------------------------
+
+    def vector_mutation(self, request: VectorRequest, messages: list[Message], attempt: int) -> Reply:
+        """Moves EOS and the VECTOR_MOVES - 1 clusters with the strongest evidence at once,
+        each the way the single-cluster rule would, and returns the notes as the summary the
+        driver appends to the scratchpad."""
+        del messages
+        lines = scratchpad_lines(request.scratchpad)
+        notes: list[str] = []
+        step = self.initial_step
+        moves = parse_moves(lines)
+        if moves:
+            latest = max(m.generation for m in moves)
+            judged = [self._judge_last_move(m, request) for m in moves if m.generation == latest]
+            step = judged[0][0]
+            notes += [note for _, note in judged]
+        outcomes = parse_outcomes(lines + notes)
+        evidence = []
+        for cid in request.deltas:
+            single = MutationRequest(request.generation, request.child, cid, request.deltas, request.scratchpad,
+                                     request.fitness, request.records)
+            direction, reason, strength = self._direction(single, _latest([o for o in outcomes if o.cluster == cid]))
+            evidence.append((cid, direction, reason, strength))
+        ranked = sorted(evidence, key=lambda e: (e[0] != EOS_CLUSTER, -e[3]))  # stable: cluster order on ties
+        rng = random.Random(f"{self.seed}/{request.generation}/{request.child}/vector/{attempt}")
+        deltas = dict(request.deltas)
+        mean_tokens = sum(r.tokens for r in request.records) / len(request.records)
+        correct = sum(r.is_correct for r in request.records) / len(request.records)
+        for cid, direction, reason, _ in ranked[:VECTOR_MOVES]:
+            current = deltas[cid]
+            new = self._next_value(current, direction, step * rng.uniform(*JITTER))
+            if new == current:
+                direction, reason = -direction, "it is at the limit of the delta range"
+                new = self._next_value(current, direction, step)
+            deltas[cid] = new
+            notes.append(
+                f"g{request.generation}: moved cluster {cid} {'up' if direction > 0 else 'down'} from "
+                f"{current:.4f} to {new:.4f} (step {step:.4f}) because {reason}; before: fitness "
+                f"{request.fitness:.4f}, {mean_tokens:.1f} tokens, {_percent(correct)} correct.")
+        return Reply(json.dumps({"deltas": deltas, "summary": "\n".join(notes)}), Usage(calls=1))
+
+    # -- selection (seed 002) ------------------------------------------------------------
+
+    def selection(self, request: SelectionRequest, messages: list[Message], attempt: int) -> Reply:
+        """performance: the fittest; diversity: the farthest from it in delta space among the
+        better half; potential: the largest gain over its parent, else the most correct
+        among the longer answers. Ties go to the fitter, then the older candidate."""
+        del messages, attempt
+        ranked = sorted(request.members, key=lambda m: (-m.fitness, m.candidate_id))
+        best = ranked[0]
+        picks = [{"candidate_id": best.candidate_id, "category": "performance",
+                  "reasoning": f"the fittest: fitness {best.fitness:.4f}, {best.mean_tokens:.1f} tokens, "
+                               f"{_percent(best.correctness)} correct"}]
+        half = [m for m in ranked[:max(2, math.ceil(len(ranked) / 2))] if m is not best]
+        far = max(half, key=lambda m: _distance(m.deltas, best.deltas))  # max keeps the first (fitter) on ties
+        picks.append({"candidate_id": far.candidate_id, "category": "diversity",
+                      "reasoning": f"the farthest from candidate {best.candidate_id} in delta space among the better "
+                                   f"half: distance {_distance(far.deltas, best.deltas):.4f} (fitness "
+                                   f"{far.fitness:.4f}, {far.mean_tokens:.1f} tokens)"})
+        rest = [m for m in ranked if m is not best and m is not far]
+        gains = [m for m in rest if m.parent_fitness is not None and m.fitness > m.parent_fitness]
+        if gains:
+            up = max(gains, key=lambda m: m.fitness - (m.parent_fitness or 0.0))
+            picks.append({"candidate_id": up.candidate_id, "category": "potential",
+                          "reasoning": f"the largest gain over its parent: {up.parent_fitness:.4f} -> "
+                                       f"{up.fitness:.4f} ({up.operator})"})
+        elif rest:
+            median = float(np.median([m.mean_tokens for m in rest]))
+            longer = max((m for m in rest if m.mean_tokens >= median), key=lambda m: m.correctness)
+            picks.append({"candidate_id": longer.candidate_id, "category": "potential",
+                          "reasoning": f"the most correct among the longer answers: {_percent(longer.correctness)} "
+                                       f"correct at {longer.mean_tokens:.1f} tokens, room to shorten"})
+        summary = "; ".join(f"{p['category']} #{p['candidate_id']}" for p in picks)
+        return Reply(json.dumps({"selections": picks, "summary": f"local selection: {summary}"}), Usage(calls=1))
+
+    def _judge_last_move(self, move: Move, request: MutationRequest | VectorRequest) -> tuple[float, str]:
         """Did the lineage's last move pay off? Returns the adapted step and the note."""
         low, high = (self.initial_step * f for f in STEP_RANGE)
         before, now = move.fitness_before, round(request.fitness, 4)
@@ -204,7 +291,9 @@ class LocalProposer:
             verdict = f"made no difference (fitness {now:.4f})"
         return step, f"g{request.generation}: moving cluster {move.cluster} {way} {verdict}."
 
-    def _direction(self, request: MutationRequest, memory: Outcome | None) -> tuple[int, str]:
+    def _direction(self, request: MutationRequest, memory: Outcome | None) -> tuple[int, str, float]:
+        """(direction, reason, strength of the evidence): EOS and a lineage's memory are the
+        strongest, a probe of an unseen cluster the weakest."""
         records = request.records
         correct = np.array([r.is_correct for r in records], dtype=bool)
         tokens = np.array([r.tokens for r in records], dtype=float)
@@ -213,19 +302,19 @@ class LocalProposer:
             cut_short = int(np.sum(~correct & (tokens < gold)))
             if cut_short:
                 return -1, (f"{cut_short} incorrect answer(s) are shorter than their gold answer, "
-                            "so answers seem to stop before giving all the information")
-            return 1, "no incorrect answer is shorter than its gold answer, so answers can end sooner"
+                            "so answers seem to stop before giving all the information"), math.inf
+            return 1, "no incorrect answer is shorter than its gold answer, so answers can end sooner", math.inf
         if memory is not None and memory.verdict != "made no difference":
             way = "up" if memory.direction > 0 else "down"
             if memory.verdict == "paid off":
-                return memory.direction, f"moving it {way} paid off last time"
-            return -memory.direction, f"moving it {way} did not pay off last time"
+                return memory.direction, f"moving it {way} paid off last time", MEMORY_STRENGTH
+            return -memory.direction, f"moving it {way} did not pay off last time", MEMORY_STRENGTH
 
         k = int(request.target)
         histograms = [self._histogram(r.answer) for r in records]
         shares = np.array([h[k] / max(h.sum(), 1) for h in histograms])
         if not shares.any():
-            return -1, "its tokens appear in no answer, so lowering it is a harmless probe"
+            return -1, "its tokens appear in no answer, so lowering it is a harmless probe", 0.0
         padding = tokens / gold
         padded = padding > np.median(padding)
         in_padded, in_compact = _mean(shares[padded]), _mean(shares[~padded])
@@ -236,7 +325,8 @@ class LocalProposer:
         seen = (f"its tokens are {_percent(in_padded)} of padded answers vs {_percent(in_compact)} of "
                 f"compact ones and {_percent(in_correct)} of correct vs {_percent(in_incorrect)} of "
                 "incorrect ones")
-        return (1 if length_signal + correct_signal > 0 else -1), seen
+        signal = length_signal + correct_signal
+        return (1 if signal > 0 else -1), seen, abs(signal)
 
     def _next_value(self, current: float, direction: int, step: float) -> float:
         return round(min(max(current + direction * step, -DELTA_LIMIT), DELTA_LIMIT), 4)
@@ -255,3 +345,7 @@ class LocalProposer:
             if text not in self._lengths:
                 self._lengths[text] = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
             return self._lengths[text]
+
+
+def _distance(a: Mapping[str, float], b: Mapping[str, float]) -> float:
+    return math.sqrt(sum((a[k] - b[k]) ** 2 for k in a))

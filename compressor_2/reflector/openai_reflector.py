@@ -16,8 +16,10 @@ import openai
 from compressor_2.api_key import api_key_from_env
 from compressor_2.config import Config
 from compressor_2.errors import RunError
-from compressor_2.reflector.base import MergeRequest, Message, MutationRequest, Reply, Usage
-from compressor_2.reflector.prompts import MERGE_SCHEMA, MUTATION_SCHEMA
+from compressor_2.reflector.base import (
+    MergeRequest, Message, MutationRequest, Reply, SelectionRequest, Usage, VectorRequest,
+)
+from compressor_2.reflector.prompts import MERGE_SCHEMA, MUTATION_SCHEMA, SELECTION_SCHEMA, vector_schema
 
 
 def response_format(name: str, schema: dict[str, Any]) -> dict[str, Any]:
@@ -46,6 +48,14 @@ class OpenAIProposer:
     def merge(self, request: MergeRequest, messages: list[Message], attempt: int) -> Reply:
         del request, attempt
         return self._call(messages, response_format("reflector_merge", MERGE_SCHEMA))
+
+    def vector_mutation(self, request: VectorRequest, messages: list[Message], attempt: int) -> Reply:
+        del attempt
+        return self._call(messages, response_format("reflector_vector", vector_schema(list(request.deltas))))
+
+    def selection(self, request: SelectionRequest, messages: list[Message], attempt: int) -> Reply:
+        del request, attempt
+        return self._call(messages, response_format("reflector_selection", SELECTION_SCHEMA))
 
     def close(self) -> None:
         self._client.close()

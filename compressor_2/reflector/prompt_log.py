@@ -15,12 +15,14 @@ class PromptLog:
         self.directory = directory
         self.reflector = reflector
 
-    def path(self, generation: int, call: str, child: int, attempt: int) -> Path:
-        return self.directory / f"gen_{generation}_{call}_child{child}_attempt{attempt}.txt"
+    def path(self, generation: int, call: str, child: int | None, attempt: int) -> Path:
+        """`child` is None for a call about the whole population (a selection)."""
+        about = f"_child{child}" if child is not None else ""
+        return self.directory / f"gen_{generation}_{call}{about}_attempt{attempt}.txt"
 
-    def write(self, generation: int, call: str, child: int, attempt: int,
+    def write(self, generation: int, call: str, child: int | None, attempt: int,
               indices: Mapping[str, object], messages: list[Message], reply: Reply, verdict: str) -> None:
-        header = {"generation": generation, "call": call, "child": child, **indices,
+        header = {"generation": generation, "call": call, **({"child": child} if child is not None else {}), **indices,
                   "attempt": attempt, "reflector": self.reflector}
         parts = [*(f"{key}: {value}" for key, value in header.items())]
         for message in messages:

@@ -1,5 +1,7 @@
-"""The seed's reflector prompts (000 §3.1, §4.1) verbatim, their strict JSON schemas, and
-the substitution that turns a request into the exact messages sent and logged."""
+"""Every reflector prompt in one place: seed 000's mutation and merge (§3.1, §4.1) and seed
+001's full-vector mutation (§4.2) verbatim, seed 002's selection request written for our
+domain; their strict JSON schemas; and the substitution that turns a request into the
+exact messages sent and logged."""
 
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from compressor_2.fitness import Record
-from compressor_2.reflector.base import MergeRequest, Message, MutationRequest
+from compressor_2.reflector.base import (
+    MergeRequest, Message, MutationRequest, PopulationMember, SelectionRequest, VectorRequest,
+)
 
 if TYPE_CHECKING:
     from compressor_2.config import Config
@@ -67,6 +71,120 @@ MERGE_USER = """\
 ---
 Merge these two scratchpads into one for the child. When claims conflict, favor the \
 higher-fitness parent. Output only: {"scratchpad": "<merged string>"}."""
+
+VECTOR_SYSTEM = (
+    "You are a reflector for a steering system that adjusts LLM outputs by cluster. Your task is to spot "
+    "padding, verbosity, and fluff in the given model responses and propose per-cluster steering deltas (a "
+    "float per cluster id) so that future responses become razor-sharp. You will receive: (1) cluster "
+    "descriptions (what each cluster id means), (2) the deltas that were used for this minibatch (the "
+    "baseline you are adjusting from), (3) all minibatch model responses with per-example correctness and "
+    "explanation, and (4) the evolving summary of what you have learnt so far (CoT), which you have updated "
+    "in previous iterations. You must output a JSON object with two fields: \"deltas\" (object mapping each "
+    "cluster id string \"0\", \"1\", ... to a float) and \"summary\" (your update to the evolving summary: "
+    "2\u20134 sentences on what you learnt this round\u2014the driver will append this and serve the "
+    "accumulated evolving summary back to you in later iterations). Negative deltas discourage tokens in that "
+    "cluster; positive can boost. Do not be given any example deltas\u2014propose from reasoning only."
+)
+
+VECTOR_USER = """\
+## Cluster descriptions
+{cluster_descriptions_json}
+
+## Deltas used for this minibatch (baseline to adjust from)
+{current_deltas_json}
+
+## Evolving summary (what you have learnt so far; you update this each round and it is served back to \
+you in later iterations)
+{cot_summary}
+
+## All minibatch responses (with correctness and explanation per example)
+{all_responses_with_correctness}
+
+---
+Spot and eliminate any padding, verbosity, or fluff in these responses. Given the deltas that were used \
+for this minibatch (above), propose updated deltas for each cluster so that responses become \
+razor-sharp. You must also update the evolving summary: provide 2\u20134 sentences on what you learnt this \
+round (e.g. which clusters added fluff, what you changed, what to try next); this update will be \
+appended and served back to you in later iterations. Output only a JSON object with two fields: \
+"deltas" (object with string keys "0", "1", ... and float values) and "summary" (string, your update \
+to the evolving summary). No other commentary."""
+
+FIRST_SUMMARY = "First iteration; no prior learnings."
+
+SELECTION_SYSTEM = (
+    "You select which candidates of a genetic algorithm carry forward. Each candidate is a vector of "
+    "per-cluster logit steering deltas that makes a language model answer questions about financial "
+    "filings more briefly; its fitness combines shortness (fewer answer tokens) and correctness on a "
+    "fixed training set, and its scratchpad holds what its lineage has learnt. The candidates you select "
+    "become the parents of the next generation: children are crossovers and mutations of them. Output "
+    "only a JSON object with two fields: \"selections\" (2 to 5 objects, each with \"candidate_id\", "
+    "\"reasoning\" and \"category\") and \"summary\" (one or two sentences on the selection as a whole). "
+    "No other commentary."
+)
+
+SELECTION_USER = """\
+Generation {generation} is evaluated. {count} candidates.
+
+## Candidate results (sorted by fitness, all shown)
+
+{results}
+
+## Your task
+
+Select 2-5 candidates to carry forward. Consider:
+- **Performance**: which candidates have the best fitness: short answers that stay correct?
+- **Diversity**: which candidates steer differently (other deltas, another lineage) and are worth \
+exploring?
+- **Potential**: which candidates might improve with refinement, even if their fitness is lower now \
+(e.g. a large gain over their parent, correct but still long answers)?
+
+Balance performance with diversity. Give each selection a category: "performance", "diversity" or \
+"potential". Output only: {"selections": [{"candidate_id": <integer>, "reasoning": "<why>", \
+"category": "<category>"}], "summary": "<string>"}."""
+
+SELECTION_SCRATCHPAD_CHARS = 300  # "the first part of its scratchpad"
+CATEGORIES = ("performance", "diversity", "potential")
+
+SELECTION_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "selections": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "candidate_id": {"type": "integer"},
+                    "reasoning": {"type": "string"},
+                    "category": {"type": "string", "enum": list(CATEGORIES)},
+                },
+                "required": ["candidate_id", "reasoning", "category"],
+                "additionalProperties": False,
+            },
+        },
+        "summary": {"type": "string"},
+    },
+    "required": ["selections", "summary"],
+    "additionalProperties": False,
+}
+
+
+def vector_schema(cluster_ids: Sequence[str]) -> dict[str, Any]:
+    """Seed 001 §4.4: exactly the cluster ids, each a number, and the summary."""
+    return {
+        "type": "object",
+        "properties": {
+            "deltas": {
+                "type": "object",
+                "properties": {cid: {"type": "number"} for cid in cluster_ids},
+                "required": list(cluster_ids),
+                "additionalProperties": False,
+            },
+            "summary": {"type": "string"},
+        },
+        "required": ["deltas", "summary"],
+        "additionalProperties": False,
+    }
+
 
 MUTATION_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -128,6 +246,44 @@ def mutation_messages(request: MutationRequest, descriptions: Mapping[str, Any],
         "all_responses_with_correctness": responses_block(request.records, answer_max_chars),
     })
     return [{"role": "system", "content": MUTATION_SYSTEM}, {"role": "user", "content": user}]
+
+
+def vector_messages(request: VectorRequest, descriptions: Mapping[str, Any],
+                    answer_max_chars: int) -> list[Message]:
+    user = substitute(VECTOR_USER, {
+        "cluster_descriptions_json": json.dumps(descriptions, indent=2, ensure_ascii=False),
+        "current_deltas_json": json.dumps(dict(request.deltas), indent=2),
+        "cot_summary": request.scratchpad if request.scratchpad.strip() else FIRST_SUMMARY,
+        "all_responses_with_correctness": responses_block(request.records, answer_max_chars),
+    })
+    return [{"role": "system", "content": VECTOR_SYSTEM}, {"role": "user", "content": user}]
+
+
+def member_block(rank: int, member: PopulationMember) -> str:
+    made = member.operator
+    if member.parents:
+        made += " of " + ", ".join(f"candidate {p}" for p in member.parents)
+        if member.parent_fitness is not None:
+            made += f" (fittest parent: {show_fitness(member.parent_fitness)})"
+    notes = member.scratchpad.strip()
+    if len(notes) > SELECTION_SCRATCHPAD_CHARS:
+        notes = f"{notes[:SELECTION_SCRATCHPAD_CHARS]} [...]"
+    return (f"{rank}. **candidate {member.candidate_id}**\n"
+            f"   fitness {show_fitness(member.fitness)}; {member.mean_tokens:.1f} tokens on average; "
+            f"{100 * member.correctness:.1f}% correct\n"
+            f"   made by: {made}\n"
+            f"   deltas: {json.dumps(dict(member.deltas))}\n"
+            f"   scratchpad: {notes or EMPTY_SCRATCHPAD}")
+
+
+def selection_messages(request: SelectionRequest) -> list[Message]:
+    ranked = sorted(request.members, key=lambda m: (-m.fitness, m.candidate_id))
+    user = substitute(SELECTION_USER, {
+        "generation": str(request.generation),
+        "count": str(len(request.members)),
+        "results": "\n\n".join(member_block(i, m) for i, m in enumerate(ranked, 1)),
+    })
+    return [{"role": "system", "content": SELECTION_SYSTEM}, {"role": "user", "content": user}]
 
 
 def merge_messages(request: MergeRequest) -> list[Message]:

@@ -1,8 +1,14 @@
-"""Seed 000 §8's validation rules, in one place for every proposer:
+"""The validation rules, in one place for every proposer:
 
-- mutation: a non-numeric delta, or one equal to the current value, is invalid ->
-  retry once -> still invalid: skip the mutation;
-- merge: invalid JSON or no string `scratchpad` -> retry once -> parent A's scratchpad.
+- mutation (seed 000 §8): a non-numeric delta, or one equal to the current value, is
+  invalid -> retry once -> still invalid: skip the mutation;
+- full-vector mutation (seed 001 §4.4, with 000's rule): other ids than the clusters',
+  a non-finite value, or a vector equal to the current one is invalid -> retry once ->
+  skip the mutation;
+- merge: invalid JSON or no string `scratchpad` -> retry once -> parent A's scratchpad;
+- selection (seed 002): not JSON, fewer than 2 or more than 5 selections, an unknown or
+  repeated candidate id, or a category outside the three is invalid -> retry once ->
+  the caller falls back to its automatic selection.
 
 A call that failed outright (API error after the client's own retries) is an invalid
 attempt like any other.
@@ -15,16 +21,23 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from compressor_2.archive.database import CallRecord
 from compressor_2.reflector.base import (
-    MergeRequest, MergeResult, MutationRequest, MutationResult, Proposer, Reply, Usage,
+    MergeRequest, MergeResult, MutationRequest, MutationResult, Proposer, Reply, Selected, SelectionRequest,
+    SelectionResult, Usage, VectorRequest, VectorResult,
 )
 from compressor_2.reflector.prompt_log import PromptLog
-from compressor_2.reflector.prompts import merge_messages, mutation_messages
+from compressor_2.reflector.prompts import (
+    CATEGORIES, merge_messages, mutation_messages, selection_messages, vector_messages,
+)
+
+T = TypeVar("T")
 
 ATTEMPTS = 2  # the first call and one retry
+MIN_SELECTIONS, MAX_SELECTIONS = 2, 5
 UNCHANGED_TOLERANCE = 1e-9
 
 
@@ -66,6 +79,69 @@ def parse_merge(reply: Reply) -> str:
     return _scratchpad(_json_object(reply))
 
 
+def parse_vector(reply: Reply, current: Mapping[str, float]) -> tuple[dict[str, float], str]:
+    """(new deltas in canonical order, summary), or InvalidOutput."""
+    data = _json_object(reply)
+    deltas = data.get("deltas")
+    if not isinstance(deltas, dict):
+        raise InvalidOutput(f"deltas is {deltas!r}, not an object")
+    missing, extra = set(current) - set(deltas), set(deltas) - set(current)
+    if missing or extra:
+        raise InvalidOutput(f"deltas has the wrong cluster ids (missing: {sorted(missing, key=str)}, "
+                            f"unknown: {sorted(extra, key=str)})")
+    new = {}
+    for cid in current:
+        value = deltas[cid]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise InvalidOutput(f"delta of cluster {cid} is {value!r}, not a finite number")
+        new[cid] = float(value)
+    if all(abs(new[cid] - current[cid]) <= UNCHANGED_TOLERANCE for cid in current):
+        raise InvalidOutput("the deltas equal the current ones")
+    summary = data.get("summary")
+    if not isinstance(summary, str):
+        raise InvalidOutput(f"summary is {summary!r}, not a string")
+    return new, summary
+
+
+def parse_selection(reply: Reply, known: set[int]) -> tuple[tuple[Selected, ...], str]:
+    data = _json_object(reply)
+    selections = data.get("selections")
+    if not isinstance(selections, list):
+        raise InvalidOutput(f"selections is {selections!r}, not a list")
+    if not MIN_SELECTIONS <= len(selections) <= MAX_SELECTIONS:
+        raise InvalidOutput(f"{len(selections)} selections, not {MIN_SELECTIONS} to {MAX_SELECTIONS}")
+    chosen: list[Selected] = []
+    for item in selections:
+        if not isinstance(item, dict):
+            raise InvalidOutput(f"selection {item!r} is not an object")
+        cid, reasoning, category = item.get("candidate_id"), item.get("reasoning"), item.get("category")
+        if isinstance(cid, bool) or not isinstance(cid, int) or cid not in known:
+            raise InvalidOutput(f"candidate_id {cid!r} is not in this population")
+        if any(s.candidate_id == cid for s in chosen):
+            raise InvalidOutput(f"candidate {cid} is selected twice")
+        if category not in CATEGORIES:
+            raise InvalidOutput(f"category {category!r} is not one of {', '.join(CATEGORIES)}")
+        if not isinstance(reasoning, str):
+            raise InvalidOutput(f"reasoning of candidate {cid} is {reasoning!r}, not a string")
+        chosen.append(Selected(cid, reasoning, category))
+    summary = data.get("summary")
+    if not isinstance(summary, str):
+        raise InvalidOutput(f"summary is {summary!r}, not a string")
+    return tuple(chosen), summary
+
+
+@dataclass(frozen=True)
+class Call:
+    """What an attempt is about, for the prompt log and the archive."""
+
+    kind: str
+    generation: int
+    child: int | None
+    indices: Mapping[str, object]
+    candidate: int | None = None
+    related: tuple[int, ...] = ()
+
+
 class ValidatingReflector:
     """Implements `Reflector` over any `Proposer`; logs every attempt when given a log and
     keeps the run's token usage in `usage` (calls may come from several threads). Every
@@ -83,70 +159,75 @@ class ValidatingReflector:
 
     def mutate(self, request: MutationRequest) -> MutationResult:
         messages = mutation_messages(request, self.descriptions, self.answer_max_chars)
-        current = request.deltas[request.target]
-        usage, rejected = Usage(), []
-        for attempt in range(1, ATTEMPTS + 1):
-            started = time.perf_counter()
-            reply = self.proposer.mutation(request, messages, attempt)
-            latency = time.perf_counter() - started
-            usage += reply.usage
-            self._count(reply.usage)
-            try:
-                delta, scratchpad = parse_mutation(reply, current)
-            except InvalidOutput as exc:
-                rejected.append(str(exc))
-                self._log(request.generation, "mutation", request.child, attempt,
-                          {"target_cluster": request.target}, messages, reply, f"rejected: {exc}")
-                self._record("mutation", request.candidate, (), request.generation, attempt, reply, latency,
-                             f"rejected: {exc}")
-                continue
-            self._log(request.generation, "mutation", request.child, attempt,
-                      {"target_cluster": request.target}, messages, reply, "accepted")
-            self._record("mutation", request.candidate, (), request.generation, attempt, reply, latency,
-                         "accepted")
-            return MutationResult(delta, scratchpad, attempt, usage, tuple(rejected))
-        return MutationResult(None, request.scratchpad, ATTEMPTS, usage, tuple(rejected))
+        call = Call("mutation", request.generation, request.child, {"target_cluster": request.target},
+                    request.candidate)
+        parsed, attempts, usage, rejected = self._attempts(
+            call, messages, lambda n: self.proposer.mutation(request, messages, n),
+            lambda reply: parse_mutation(reply, request.deltas[request.target]))
+        if parsed is None:
+            return MutationResult(None, request.scratchpad, attempts, usage, rejected)
+        return MutationResult(parsed[0], parsed[1], attempts, usage, rejected)
+
+    def mutate_vector(self, request: VectorRequest) -> VectorResult:
+        messages = vector_messages(request, self.descriptions, self.answer_max_chars)
+        call = Call("vector_mutation", request.generation, request.child, {}, request.candidate)
+        parsed, attempts, usage, rejected = self._attempts(
+            call, messages, lambda n: self.proposer.vector_mutation(request, messages, n),
+            lambda reply: parse_vector(reply, request.deltas))
+        if parsed is None:
+            return VectorResult(None, "", attempts, usage, rejected)
+        return VectorResult(parsed[0], parsed[1], attempts, usage, rejected)
 
     def merge(self, request: MergeRequest) -> MergeResult:
         messages = merge_messages(request)
-        indices = {"parent_a": request.parents[0], "parent_b": request.parents[1]}
-        usage, rejected = Usage(), []
-        for attempt in range(1, ATTEMPTS + 1):
-            started = time.perf_counter()
-            reply = self.proposer.merge(request, messages, attempt)
-            latency = time.perf_counter() - started
-            usage += reply.usage
-            self._count(reply.usage)
-            try:
-                scratchpad = parse_merge(reply)
-            except InvalidOutput as exc:
-                rejected.append(str(exc))
-                self._log(request.generation, "merge", request.child, attempt, indices, messages,
-                          reply, f"rejected: {exc}")
-                self._record("merge", None, request.candidates, request.generation, attempt, reply, latency,
-                             f"rejected: {exc}")
-                continue
-            self._log(request.generation, "merge", request.child, attempt, indices, messages,
-                      reply, "accepted")
-            self._record("merge", None, request.candidates, request.generation, attempt, reply, latency,
-                         "accepted")
-            return MergeResult(scratchpad, True, attempt, usage, tuple(rejected))
-        return MergeResult(request.scratchpad_a, False, ATTEMPTS, usage, tuple(rejected))
+        call = Call("merge", request.generation, request.child,
+                    {"parent_a": request.parents[0], "parent_b": request.parents[1]}, None, request.candidates)
+        parsed, attempts, usage, rejected = self._attempts(
+            call, messages, lambda n: self.proposer.merge(request, messages, n), parse_merge)
+        if parsed is None:
+            return MergeResult(request.scratchpad_a, False, attempts, usage, rejected)
+        return MergeResult(parsed, True, attempts, usage, rejected)
+
+    def select(self, request: SelectionRequest) -> SelectionResult:
+        messages = selection_messages(request)
+        known = {m.candidate_id for m in request.members}
+        parsed, attempts, usage, rejected = self._attempts(
+            Call("selection", request.generation, None, {}), messages,
+            lambda n: self.proposer.selection(request, messages, n), lambda reply: parse_selection(reply, known))
+        if parsed is None:
+            return SelectionResult((), "", attempts, usage, rejected)
+        return SelectionResult(parsed[0], parsed[1], attempts, usage, rejected)
 
     def close(self) -> None:
         self.proposer.close()
 
-    def _count(self, usage: Usage) -> None:
-        with self._lock:
-            self.usage += usage
+    def _attempts(self, call: Call, messages: list[dict[str, str]], ask: Callable[[int], Reply],
+                  parse: Callable[[Reply], T]) -> tuple[T | None, int, Usage, tuple[str, ...]]:
+        """The first attempt and one retry: (parsed reply or None, attempts, usage, why rejected)."""
+        usage, rejected = Usage(), []
+        for attempt in range(1, ATTEMPTS + 1):
+            started = time.perf_counter()
+            reply = ask(attempt)
+            latency = time.perf_counter() - started
+            usage += reply.usage
+            with self._lock:
+                self.usage += reply.usage
+            try:
+                parsed = parse(reply)
+            except InvalidOutput as exc:
+                rejected.append(str(exc))
+                self._finish(call, attempt, messages, reply, f"rejected: {exc}", latency)
+                continue
+            self._finish(call, attempt, messages, reply, "accepted", latency)
+            return parsed, attempt, usage, tuple(rejected)
+        return None, ATTEMPTS, usage, tuple(rejected)
 
-    def _record(self, kind: str, candidate: int | None, parents: tuple[int, ...], generation: int,
-                attempt: int, reply: Reply, latency: float, verdict: str) -> None:
-        if self.recorder is not None:
-            self.recorder(CallRecord(kind, candidate, parents, generation, attempt, reply.usage.prompt_tokens,
-                                     reply.usage.completion_tokens, round(latency, 6), verdict))
-
-    def _log(self, generation: int, call: str, child: int, attempt: int, indices: Mapping[str, object],
-             messages: list[dict[str, str]], reply: Reply, verdict: str) -> None:
+    def _finish(self, call: Call, attempt: int, messages: list[dict[str, str]], reply: Reply, verdict: str,
+                latency: float) -> None:
+        """One attempt done: to the prompt log and the archive."""
         if self.log is not None:
-            self.log.write(generation, call, child, attempt, indices, messages, reply, verdict)
+            self.log.write(call.generation, call.kind, call.child, attempt, call.indices, messages, reply, verdict)
+        if self.recorder is not None:
+            self.recorder(CallRecord(call.kind, call.candidate, call.related, call.generation, attempt,
+                                     reply.usage.prompt_tokens, reply.usage.completion_tokens, round(latency, 6),
+                                     verdict))

@@ -3,12 +3,14 @@
 Generation g (seed 000 §1 step 4):
   1. evaluate every individual without a valid fitness, all in one engine call, and
      clone the elites right away;
-  2. select 2 x (population - elitism) parents;
+  2. select 2 x (population - elitism) parents: tournament or truncation, or (seed 002)
+     drawn from the 2 to 5 members one reflector call chose, with its reasons;
   3. pair them; each pair gives ONE child: with CXPB by crossover (fitness-weighted
      deltas, reflector-merged scratchpad), otherwise as a clone of A or B (50/50);
      evaluate all children together (clones come from the cache);
   4. with MUTPB mutate a child in place (round-robin target cluster, the reflector's
-     new delta) and evaluate the mutated children again, together;
+     new delta; or, with CONFIG_MUTATION_SCOPE="vector", every delta at once, seed 001
+     §4) and evaluate the mutated children again, together;
   5. next population = elites + children.
 Every child and every mutated child becomes a candidate of the run archive, with its
 parents and operator; the tree's seed node ids are its placements. State, history,
@@ -35,7 +37,7 @@ from compressor_2.errors import ConfigError
 from compressor_2.evolution.budget import Cost
 from compressor_2.evolution.history import HISTORY_FILE, Work, entry, load_history, population_stats, save_history
 from compressor_2.evolution.individual import Individual, initial_population, invalidate, make_toolbox, new_individual
-from compressor_2.evolution.operators import RRState, make_selection, pairs
+from compressor_2.evolution.operators import RRState, make_fallback, make_selection, pairs
 from compressor_2.evolution.plots import FITNESS_PLOT, LENGTHS_PLOT, plot_fitness, plot_lengths
 from compressor_2.evolution.progress import answers_bar, generation_line, ordinal, say
 from compressor_2.evolution.run import Run, resume_command, signals_ignored
@@ -43,6 +45,7 @@ from compressor_2.evolution.state import (
     STATE_FILE, EvolutionState, Member, capture_rng, load_state, restore_rng, save_state, seed_rng,
 )
 from compressor_2.evolution.tree import TREE_FILE, EvolutionTree, mut_id, pop_id, pre_id
+from compressor_2.reflector.base import PopulationMember, Selected, SelectionRequest
 from compressor_2.reflector.prompts import estimated_call_tokens
 from compressor_2.steering.deltas import load_deltas, to_dict, to_list
 
@@ -56,7 +59,7 @@ def estimate(config: Config, n_examples: int) -> Cost:
     child and every mutated child is a new genome (clones are cache hits)."""
     children = config.population_size - config.elitism_size
     new_genomes = children * (config.cxpb + config.mutpb)
-    calls = new_genomes if config.reflector != "local" else 0.0
+    calls = new_genomes + (config.selection == "llm") if config.reflector != "local" else 0.0
     return Cost("generation", n_examples, new_genomes * n_examples,
                 calls * estimated_call_tokens(config, n_examples))
 
@@ -69,7 +72,8 @@ def run(run: Run) -> str:
         return f"all {config.ngen} generations have run; raise CONFIG_NGEN to evolve further"
     # Seed 000 §8: rr_idx is restored before mutate is registered.
     rr_state = RRState(list(ids), saved.rr_idx if saved else 0)
-    toolbox = make_toolbox(run.evaluator, run.reflector, make_selection(config), rr_state, ids, run.pool)
+    toolbox = make_toolbox(run.evaluator, run.reflector, make_selection(config), make_fallback(config), rr_state,
+                           ids, run.pool, config.mutation_scope)
     ga = GA(run, toolbox, rr_state, load_history(out / HISTORY_FILE, before=start))
     if saved:
         run.archive.rollback(saved.last_candidate_id, from_step=start)
@@ -113,7 +117,10 @@ def generation(ga: GA, g: int, population: list[Individual]) -> list[Individual]
     elites = [toolbox.clone(ind) for ind in elite_parents]
 
     # 2. Selection: 2 x (population - elitism) parents, references into `population`.
-    parents = toolbox.select(population, 2 * n_children)
+    if config.selection == "llm":
+        parents, work.selection = ga.select_by_reflector(population, 2 * n_children, g)
+    else:
+        parents = toolbox.select(population, 2 * n_children)
     work.parents = len(parents)
 
     # 3. One child per pair. Every random draw happens here, in pair order, before any
@@ -146,7 +153,7 @@ def generation(ga: GA, g: int, population: list[Individual]) -> list[Individual]
     chosen = [j for j in range(len(children)) if random.random() < config.mutpb]
     before = {j: children[j].candidate_id for j in chosen}
     futures = [toolbox.mutate(children[j], generation=g, child=j) for j in chosen]
-    mutated = [j for j, future in zip(chosen, futures) if future.result().delta is not None]
+    mutated = [j for j, future in zip(chosen, futures) if future.result().changed]
     work.mutations, work.mutations_skipped = len(mutated), len(chosen) - len(mutated)
     ga.evaluate([children[j] for j in mutated], work, f"gen {g} mutated")
     ga.archive([children[j] for j in mutated], g, [("mutation", [before[j]]) for j in mutated])
@@ -228,6 +235,39 @@ class GA:
         for ind, candidate in zip(individuals, added):
             ind.candidate_id = candidate.id
         self.run.best.consider([(self.member(ind), ind.evaluation) for ind in individuals])
+
+    def select_by_reflector(self, population: Sequence[Individual], k: int,
+                            g: int) -> tuple[list[Individual], dict[str, Any]]:
+        """Seed 002: one reflector call chooses 2 to 5 members, with reasons and categories;
+        `k` parents are drawn from them (toolbox.select: uniform, with replacement). Two
+        invalid replies: CONFIG_SELECTION_FALLBACK draws from the whole population. The
+        choice goes to the archive and, returned, to the history."""
+        archive, config = self.run.archive, self.run.config
+        by_id = {ind.candidate_id: ind for ind in population}
+        members = []
+        for ind in by_id.values():
+            made = archive.candidate(ind.candidate_id)
+            assert made is not None
+            parents = [p.fitness for p in map(archive.candidate, made.parents)
+                       if p is not None and p.fitness is not None]
+            members.append(PopulationMember(ind.candidate_id, ind.evaluation.fitness, ind.evaluation.mean_tokens,
+                                            ind.evaluation.correctness, to_dict(ind, self.run.cluster_ids),
+                                            ind.scratchpad, made.operator, made.parents,
+                                            max(parents) if parents else None))
+        result = self.run.reflector.select(SelectionRequest(g, tuple(members)))
+        if result.selections:
+            chosen, summary, fallback = result.selections, result.summary, None
+            parents_drawn = self.toolbox.select([by_id[s.candidate_id] for s in chosen], k)
+        else:
+            fallback = "; ".join(result.rejected)
+            parents_drawn = self.toolbox.fallback(population, k)
+            chosen = tuple(Selected(cid, f"auto-selected: {fallback}", "performance")
+                           for cid in dict.fromkeys(p.candidate_id for p in parents_drawn))
+            summary = f"auto-selected by {config.selection_fallback}: the selector's reply was invalid twice"
+        archive.record_selection(g, [(s.candidate_id, s.category, s.reasoning) for s in chosen], summary, fallback)
+        return parents_drawn, {"selections": [{"candidate_id": s.candidate_id, "category": s.category,
+                                               "reasoning": s.reasoning} for s in chosen],
+                               "summary": summary, "fallback": fallback}
 
     def member(self, ind: Individual) -> Member:
         return Member(to_dict(ind, self.run.cluster_ids), ind.scratchpad, ind.candidate_id)
