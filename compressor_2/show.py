@@ -3,7 +3,8 @@
 Without an id: the run summary (strategy, candidates, metric calls, cache hits,
 reflector tokens, wall time, status and stop reason, best) and the best candidate's
 lineage, one line per ancestor. With an id: that candidate, its parents and children,
-the reflector calls about it, and its answers on the training pool next to the
+the the generations that selected it (seed 002's LLM selection) and why, the reflector
+calls about it, and its answers on the training pool next to the
 unsteered baseline's (the all-zero genome when the run evaluated it, else the run's
 initial deltas).
 """
@@ -87,6 +88,10 @@ def candidate_report(config: Config, archive: RunArchive, cid: int) -> str:
     lines += [f"children: {len(children)}" + (f" ({', '.join(f'#{c}' for c in children)})" if children else "")]
     lines += ["", "deltas: " + "  ".join(f"{k}:{v:+.3f}" for k, v in candidate.deltas.items())]
     lines += ["scratchpad:", textwrap.indent(candidate.scratchpad.strip() or "(empty)", "  ")]
+    chosen = [(g, category, reasoning) for g, c, category, reasoning in archive.selections() if c == cid]
+    if chosen:
+        lines += ["", "selected as a parent:"]
+        lines += [f"  gen {g} ({category}): {reasoning}" for g, category, reasoning in chosen]
     calls = archive.calls_about(cid)
     if calls:
         lines += ["", "reflector calls about it:"] + [

@@ -65,6 +65,14 @@ BAD_CONFIGS: list[tuple[str, str, str]] = [
     ("truncation top-k above population",
      'CONFIG_SELECTION="truncation"\nCONFIG_TRUNCATION_TOP_K=9\n', "CONFIG_TRUNCATION_TOP_K"),
     ("unknown selection", 'CONFIG_SELECTION="roulette"\n', "CONFIG_SELECTION"),
+    ("llm selection without fallback", 'CONFIG_SELECTION="llm"\n', "CONFIG_SELECTION_FALLBACK"),
+    ("llm fallback unknown", 'CONFIG_SELECTION="llm"\nCONFIG_SELECTION_FALLBACK="llm"\n', "CONFIG_SELECTION_FALLBACK"),
+    ("llm fallback without its size", 'CONFIG_SELECTION="llm"\nCONFIG_SELECTION_FALLBACK="truncation"\n',
+     "CONFIG_TRUNCATION_TOP_K"),
+    ("fallback without llm selection", 'CONFIG_SELECTION_FALLBACK="tournament"\n', "CONFIG_SELECTION_FALLBACK"),
+    ("unknown mutation scope", 'CONFIG_MUTATION_SCOPE="everything"\n', "CONFIG_MUTATION_SCOPE"),
+    ("negative wall budget", 'CONFIG_MAX_WALL_MINUTES="-1"\n', "CONFIG_MAX_WALL_MINUTES"),
+    ("negative metric budget", "CONFIG_MAX_METRIC_CALLS=-5\n", "CONFIG_MAX_METRIC_CALLS"),
     ("bad int", "CONFIG_POPULATION_SIZE=six\n", "CONFIG_POPULATION_SIZE"),
     ("int out of range", "CONFIG_MAX_NEW_TOKENS=0\n", "CONFIG_MAX_NEW_TOKENS"),
     ("misspelled name", "CONFIG_POPULATON_SIZE=8\n", "CONFIG_POPULATON_SIZE"),
@@ -158,7 +166,7 @@ def test_cli_usage_error_exit_2() -> None:
 
 
 @pytest.mark.parametrize("command", ["check-config", "build-clusters", "generate-processor",
-                                     "evaluate", "evolve"])
+                                     "evaluate", "evolve", "show"])
 def test_every_command_has_help(command: str) -> None:
     result = run_cli(command, "--help")
     assert result.returncode == 0 and "--config" in result.stdout
