@@ -66,3 +66,20 @@ def financebench_dir() -> Path:
     if not (FINANCEBENCH_DIR / "financebench_open_source.jsonl").is_file():
         pytest.skip(f"FinanceBench data not found at {FINANCEBENCH_DIR} (only in the dev workspace)")
     return FINANCEBENCH_DIR
+
+
+@pytest.fixture(scope="session")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The evolution tests' training file and cluster artifacts, built once per session."""
+    from tests.test_evolution_support import shared_dir
+
+    return shared_dir(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory, shared: Path, tiny_model_dir: Path) -> Path:
+    """The output dir of the shared 4-generation run (GA_DEFAULTS) that no one interrupted;
+    tests only read it."""
+    from tests.test_evolution_support import default_run
+
+    return default_run(tmp_path_factory, shared, tiny_model_dir)

@@ -14,18 +14,12 @@ from compressor_2.errors import ConfigError
 from compressor_2.evolution.run import evolve
 from compressor_2.steering.deltas import load_deltas
 from tests.fakes.openai_server import FakeOpenAIServer, chat_completion
-from tests.test_evolution_support import DEFAULT_NGEN, config_for, read_json, shared_dir
-from tests.test_evolution_support import default_run as make_default_run
+from tests.test_evolution_support import DEFAULT_NGEN, config_for, read_json
 
 pytestmark = pytest.mark.slow
 
 STATE_KEYS = {"generation", "population", "best_individual", "best_fitness", "rr_idx", "rng", "last_candidate_id"}
 PNG = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory) -> Path:
-    return shared_dir(tmp_path_factory)
 
 
 def run_evolve(tmp_path: Path, shared: Path, model: Path, **overrides: str) -> Path:
@@ -38,14 +32,9 @@ def tree_of(out: Path) -> nx.DiGraph:
     return nx.node_link_graph(read_json(out / "tree.json"), edges="edges")
 
 
-@pytest.fixture(scope="module")
-def default_run(tmp_path_factory, shared, tiny_model_dir) -> Path:
-    """population 4, elitism 1, 4 generations, CXPB 0.5, MUTPB 0.8, tournament of 2."""
-    return make_default_run(tmp_path_factory, shared, tiny_model_dir)
-
-
-def test_a_run_writes_every_output(default_run: Path, shared: Path):
-    out = default_run
+def test_a_run_writes_every_output(uninterrupted: Path, shared: Path):
+    """The shared run: population 4, elitism 1, 4 generations, CXPB 0.5, MUTPB 0.8, tournament of 2."""
+    out = uninterrupted
     state = read_json(out / "evolution_state.json")
     assert set(state) == STATE_KEYS
     ids = sorted(read_json(shared / "clusters" / "cluster_descriptions.json"), key=int)
@@ -65,9 +54,9 @@ def test_a_run_writes_every_output(default_run: Path, shared: Path):
     assert history[-1]["mean_tokens"] < history[0]["mean_tokens"]
 
 
-def test_the_counts_of_seed_section_1(default_run: Path):
-    history = read_json(default_run / "history.json")
-    tree = tree_of(default_run)
+def test_the_counts_of_seed_section_1(uninterrupted: Path):
+    history = read_json(uninterrupted / "history.json")
+    tree = tree_of(uninterrupted)
     for h in history[:-1]:
         g = h["generation"]
         assert h["children"] == 3 and h["parents"] == 6 and h["crossovers"] + h["clones"] == 3
@@ -79,18 +68,18 @@ def test_the_counts_of_seed_section_1(default_run: Path):
         assert sorted(pre) == [f"g{g}_child{j}_pre" for j in range(3)]
         assert len(mut) == h["mutations"]
         assert h["reflector_calls"] >= h["crossovers"] + h["mutations"] + h["mutations_skipped"]
-    prompts = default_run / "reflector_prompts"
+    prompts = uninterrupted / "reflector_prompts"
     assert len(list(prompts.glob("gen_*_merge_*_attempt1.txt"))) == sum(h["crossovers"] for h in history)
     mutate_calls = sum(h["mutations"] + h["mutations_skipped"] for h in history)
     assert len(list(prompts.glob("gen_*_mutation_*_attempt1.txt"))) == mutate_calls
     # The round robin advanced once per mutate call.
-    n_clusters = len(read_json(default_run / "evolution_state.json")["population"][0]["deltas"])
-    assert read_json(default_run / "evolution_state.json")["rr_idx"] == mutate_calls % n_clusters
+    n_clusters = len(read_json(uninterrupted / "evolution_state.json")["population"][0]["deltas"])
+    assert read_json(uninterrupted / "evolution_state.json")["rr_idx"] == mutate_calls % n_clusters
 
 
-def test_tree_node_ids_and_edges(default_run: Path):
-    tree = tree_of(default_run)
-    history = read_json(default_run / "history.json")
+def test_tree_node_ids_and_edges(uninterrupted: Path):
+    tree = tree_of(uninterrupted)
+    history = read_json(uninterrupted / "history.json")
     for g in range(DEFAULT_NGEN):
         pops = {f"g{g}_pop{i}" for i in range(4)}
         assert pops <= set(tree)
@@ -135,11 +124,11 @@ def test_mutated_children_are_evaluated_twice(tmp_path, shared, tiny_model_dir):
     assert sum(h["mutations"] for h in history) > 0
 
 
-def test_a_rerun_after_the_last_generation_changes_nothing(default_run: Path, shared, tiny_model_dir, capsys):
-    before = (default_run / "evolution_state.json").read_bytes()
-    evolve(config_for(default_run.parent, shared, tiny_model_dir))
+def test_a_rerun_after_the_last_generation_changes_nothing(uninterrupted: Path, shared, tiny_model_dir, capsys):
+    before = (uninterrupted / "evolution_state.json").read_bytes()
+    evolve(config_for(uninterrupted.parent, shared, tiny_model_dir))
     assert f"all {DEFAULT_NGEN} generations have run" in capsys.readouterr().out
-    assert (default_run / "evolution_state.json").read_bytes() == before
+    assert (uninterrupted / "evolution_state.json").read_bytes() == before
 
 
 def test_an_unreadable_state_is_an_error_not_a_fresh_start(tmp_path, shared, tiny_model_dir):

@@ -25,7 +25,7 @@ from compressor_2.evolution.state import (
 )
 from compressor_2.reflector.local import LocalProposer
 from tests.conftest import REPO
-from tests.test_evolution_support import config_for, default_run, read_json, shared_dir, write_config
+from tests.test_evolution_support import config_for, read_json, write_config
 
 IDS = ["0", "1", "2"]
 
@@ -98,15 +98,6 @@ def test_an_unparsable_state_is_a_clear_error(tmp_path: Path):
 
 # -- resumed runs ---------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory) -> Path:
-    return shared_dir(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory, shared, tiny_model_dir) -> Path:
-    """The shared 4-generation run (GA_DEFAULTS) that no one interrupted."""
-    return default_run(tmp_path_factory, shared, tiny_model_dir)
 
 
 def prompt_logs(out: Path, generations: range) -> dict[str, str]:

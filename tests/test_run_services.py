@@ -20,20 +20,12 @@ from compressor_2.evolution.run import evolve
 from compressor_2.reflector.local import LocalProposer
 from tests.conftest import REPO
 from tests.fakes.openai_server import FakeOpenAIServer, chat_completion
-from tests.test_evolution_support import config_for, default_run, read_json, shared_dir, write_config
+from tests.test_evolution_support import config_for, read_json, write_config
 from tests.test_resume import start_evolve
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory) -> Path:
-    return shared_dir(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory, shared, tiny_model_dir) -> Path:
-    return default_run(tmp_path_factory, shared, tiny_model_dir)
 
 
 def rows(out: Path, sql: str) -> list[tuple]:

@@ -25,7 +25,7 @@ from compressor_2.reflector.prompts import (
 from compressor_2.reflector.validation import InvalidOutput, ValidatingReflector, parse_selection, parse_vector
 from tests.conftest import REPO
 from tests.fakes.openai_server import FakeOpenAIServer, chat_completion
-from tests.test_evolution_support import config_for, read_json, shared_dir
+from tests.test_evolution_support import config_for, read_json
 
 SEED_001 = REPO.parent / "shared" / "seeds" / "001_b8e77b1b197564a1.txt"
 DESCRIPTIONS = {"0": {"description": "EOS"}, "1": {"description": "numbers"}, "2": {"description": "words"}}
@@ -190,10 +190,6 @@ def test_local_vector_mutation_moves_several_clusters_and_the_summary_is_appende
 
 
 # -- runs ---------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory) -> Path:
-    return shared_dir(tmp_path_factory)
 
 
 LLM_AND_VECTOR = {"SELECTION": '"llm"', "SELECTION_FALLBACK": '"tournament"', "MUTATION_SCOPE": '"vector"'}
