@@ -20,6 +20,7 @@ from compressor_2.errors import ConfigError
 from compressor_2.fitness import example_key
 
 ANSWER_WIDTH = 100
+SHOWN = 20  # archive members and feedback entries listed in the summary
 
 
 def run_show(config: Config, candidate_id: int | None) -> None:
@@ -73,6 +74,15 @@ def summary(archive: RunArchive) -> str:
     lines += [f"best          {describe(best)}", "",
               f"lineage of #{best.id}, oldest first ({len(ancestry)} candidates):"]
     lines += [f"  {describe(c)}" for c in ancestry]
+    feedback = archive.feedback()
+    if feedback:
+        kept = sorted((c for c in candidates if c.status == "evaluated" and c.fitness is not None),
+                      key=lambda c: (-(c.fitness or 0.0), c.id))
+        lines += ["", f"archive members, fittest first ({min(len(kept), SHOWN)} of {len(kept)}):"]
+        lines += [f"  {describe(c)}" for c in kept[:SHOWN]]
+        lines += ["", f"feedback log, latest last ({min(len(feedback), SHOWN)} of {len(feedback)}):"]
+        lines += [f"  #{c} from #{p} by {g} (iteration {t}): {change} -> {outcome}"
+                  for c, p, t, g, change, outcome in feedback[-SHOWN:]]
     return "\n".join(lines)
 
 
@@ -82,7 +92,12 @@ def candidate_report(config: Config, archive: RunArchive, cid: int) -> str:
         raise ConfigError(f"candidate {cid} is not in '{archive.path}' "
                           f"(it holds ids 1..{archive.last_candidate_id()})")
     lineage = archive.lineage()
-    lines = [describe(candidate), f"strategy {candidate.strategy}, made {_when(candidate.created)}", ""]
+    lines = [describe(candidate), f"strategy {candidate.strategy}, made {_when(candidate.created)}"]
+    if candidate.note:
+        lines.append(f"rejected: {candidate.note}")
+    lines += [f"{g} proposal: {change} -> {outcome}" for c, _, _, g, change, outcome in archive.feedback()
+              if c == cid]
+    lines.append("")
     lines += ["parents:"] + [f"  {describe(p)}" for p in _lookup(archive, candidate.parents)] or ["  (none)"]
     children = lineage.children(cid)
     lines += [f"children: {len(children)}" + (f" ({', '.join(f'#{c}' for c in children)})" if children else "")]

@@ -11,6 +11,8 @@ Tables:
 - `reflector_calls`: kind, candidate, tokens, latency and verdict of every attempt;
 - `selections`, `selection_rounds`: seed 002's selections per generation (candidate,
   category, reasoning) and the round's summary, or why it fell back;
+- `feedback`: seed 003's memory, one entry per assessed or rejected proposal: parent,
+  generator, change summary, observed outcome;
 - `events`: starts, resumes, interruptions and stop reasons;
 - `meta`: schema version, strategy, cumulative wall time and cache hits.
 
@@ -50,6 +52,7 @@ CREATE TABLE IF NOT EXISTS candidates (
     strategy TEXT NOT NULL,
     generation INTEGER NOT NULL,
     status TEXT NOT NULL,
+    note TEXT NOT NULL DEFAULT '',
     fitness REAL,
     mean_tokens REAL,
     correctness REAL,
@@ -107,6 +110,14 @@ CREATE TABLE IF NOT EXISTS selection_rounds (
     summary TEXT NOT NULL,
     fallback TEXT
 );
+CREATE TABLE IF NOT EXISTS feedback (
+    candidate INTEGER PRIMARY KEY,
+    parent INTEGER NOT NULL,
+    iteration INTEGER NOT NULL,
+    generator TEXT NOT NULL,
+    change TEXT NOT NULL,
+    outcome TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY,
     kind TEXT NOT NULL,
@@ -127,6 +138,7 @@ class Candidate:
     strategy: str
     generation: int
     status: str = "evaluated"  # or "rejected": proposed, assessed, not kept
+    note: str = ""  # why it was rejected
     fitness: float | None = None  # on the whole training pool
     mean_tokens: float | None = None
     correctness: float | None = None
@@ -262,9 +274,9 @@ class RunArchive:
                 now = time.time()
                 cursor = db.execute(
                     "INSERT INTO candidates (deltas, genome, scratchpad, operator, strategy, generation, "
-                    "status, fitness, mean_tokens, correctness, created) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                    "status, note, fitness, mean_tokens, correctness, created) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                     (json.dumps(dict(c.deltas)), genome_key(list(c.deltas.values())), c.scratchpad,
-                     c.operator, c.strategy, c.generation, c.status, c.fitness, c.mean_tokens,
+                     c.operator, c.strategy, c.generation, c.status, c.note, c.fitness, c.mean_tokens,
                      c.correctness, now))
                 cid = int(cursor.lastrowid or 0)
                 db.executemany("INSERT INTO lineage (child, parent, position) VALUES (?, ?, ?)",
@@ -296,8 +308,8 @@ class RunArchive:
             if child in parents:
                 parents[child].append(parent)
         return [Candidate(json.loads(deltas), scratchpad, operator, tuple(parents[cid]), strategy, generation,
-                          status, fitness, mean_tokens, correctness, cid, created)
-                for (cid, deltas, scratchpad, operator, strategy, generation, status, fitness, mean_tokens,
+                          status, note, fitness, mean_tokens, correctness, cid, created)
+                for (cid, deltas, scratchpad, operator, strategy, generation, status, note, fitness, mean_tokens,
                      correctness, created) in rows]
 
     def edges(self) -> list[tuple[int, int]]:
@@ -339,6 +351,7 @@ class RunArchive:
             db.execute("DELETE FROM placements WHERE step >= ? OR candidate > ?", (from_step, last_candidate))
             db.execute("DELETE FROM selections WHERE generation >= ?", (from_step,))
             db.execute("DELETE FROM selection_rounds WHERE generation >= ?", (from_step,))
+            db.execute("DELETE FROM feedback WHERE candidate > ?", (last_candidate,))
             db.execute("DELETE FROM lineage WHERE child > ?", (last_candidate,))
             return db.execute("DELETE FROM candidates WHERE id > ?", (last_candidate,)).rowcount
 
@@ -358,6 +371,21 @@ class RunArchive:
         """(generation, candidate, category, reasoning), in order."""
         return [tuple(r) for r in self._query(  # type: ignore[misc]
             "SELECT generation, candidate, category, reasoning FROM selections ORDER BY generation, position")]
+
+    # -- feedback memory (seed 003) ---------------------------------------------------------
+
+    def record_feedback(self, entries: Sequence[tuple[int, int, int, str, str, str]]) -> None:
+        """(candidate, parent, iteration, generator, change summary, outcome) rows."""
+        with self._transaction() as db:
+            db.executemany("INSERT OR REPLACE INTO feedback (candidate, parent, iteration, generator, change, outcome) "
+                           "VALUES (?, ?, ?, ?, ?, ?)", entries)
+
+    def feedback(self, parents: Sequence[int] | None = None) -> list[tuple[int, int, int, str, str, str]]:
+        """Entries (all, or those whose parent is in `parents`), oldest first."""
+        rows = self._query("SELECT candidate, parent, iteration, generator, change, outcome FROM feedback "
+                           "ORDER BY candidate")
+        wanted = None if parents is None else set(parents)
+        return [tuple(r) for r in rows if wanted is None or r[1] in wanted]  # type: ignore[misc]
 
     # -- the evaluation cache ---------------------------------------------------------------
 
@@ -427,5 +455,5 @@ class RunArchive:
         return str(self._query("PRAGMA integrity_check")[0][0])
 
 
-_COLUMNS = ("id, deltas, scratchpad, operator, strategy, generation, status, fitness, mean_tokens, "
+_COLUMNS = ("id, deltas, scratchpad, operator, strategy, generation, status, note, fitness, mean_tokens, "
             "correctness, created")

@@ -53,3 +53,20 @@ def plot_lengths(history: Sequence[dict[str, Any]], path: Path) -> None:
     ax.legend()
     fig.tight_layout()
     save_figure(fig, path)
+
+
+def plot_archive(snapshots: Sequence[dict[str, Any]], path: Path) -> None:
+    """Seed 003's telemetry: the archive's best fitness and its p10 / p50 / p90 against the
+    metric calls spent."""
+    calls = [s["metric_calls"] for s in snapshots]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.fill_between(calls, [s["p10"] for s in snapshots], [s["p90"] for s in snapshots], alpha=0.2,
+                    label="p10 .. p90")
+    ax.plot(calls, [s["p50"] for s in snapshots], "s-", label="p50")
+    ax.plot(calls, [s["best_fitness"] for s in snapshots], "o-", label="best")
+    ax.set_xlabel("metric calls (fresh answers)")
+    ax.set_ylabel("fitness of the archive's members")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    save_figure(fig, path)

@@ -2,7 +2,9 @@
 
 Nodes: `g{g}_pop{i}` (population member i at the start of generation g),
 `g{g}_child{j}_pre` (offspring j after crossover or cloning, evaluated) and
-`g{g}_child{j}_mut` (the same offspring after a mutation that changed it).
+`g{g}_child{j}_mut` (the same offspring after a mutation that changed it). An archive
+strategy places each kept candidate once, `c{id}` (stage "cand", in the column of the
+iteration that made it), with edges from its parents wherever they stand.
 With LLM selection (seed 002) a population node the selector chose carries `selected`
 (its category) and `reasoning`, and is drawn with a ring in its category's colour.
 Edges: "parent" (pop -> pre; two for a crossover, one for a clone), "mutation"
@@ -25,7 +27,7 @@ from compressor_2.atomic import atomic_write_json
 from compressor_2.evolution.plots import plt, save_figure
 
 TREE_FILE = "tree.json"
-STAGE_X = {"pop": 0, "pre": 1, "mut": 2}
+STAGE_X = {"pop": 0, "pre": 1, "mut": 2, "cand": 1}
 EDGE_STYLE = {"parent": ("#555555", "solid"), "mutation": ("#1f77b4", "solid"), "carry": ("#aaaaaa", "dotted")}
 MAX_LABELLED_NODES = 600
 SELECTED_STYLE = {"performance": "#d62728", "diversity": "#9467bd", "potential": "#ff7f0e"}  # ring colours
@@ -67,7 +69,14 @@ class EvolutionTree:
             for stage, label in placed.get((generation, cid), []):
                 if stage == "pop":
                     graph.nodes[label].update(selected=category, reasoning=reasoning)
+        by_candidate = {cid: label for label, cid, _, stage, _ in rows if stage == "cand"}
         for label, cid, generation, stage, _ in rows:
+            if stage == "cand":  # an archive strategy's candidate: one node, its parents anywhere
+                kind = "mutation" if "mutation" in candidates[cid].operator else "parent"
+                for parent in candidates[cid].parents:
+                    if parent in by_candidate:
+                        graph.add_edge(by_candidate[parent], label, kind=kind)
+                continue
             if stage == "pop":
                 source = _latest(placed.get((generation - 1, cid), []))
                 if source is not None:

@@ -37,8 +37,9 @@ class MutationRequest:
     deltas: Mapping[str, float]  # canonical order
     scratchpad: str
     fitness: float
-    records: Sequence[Record]  # the individual's own training answers
+    records: Sequence[Record]  # the individual's own training answers (or an issue batch)
     candidate: int | None = None  # the archive id of the individual mutated
+    feedback: tuple[str, ...] = ()  # seed 003's memory of earlier proposals, shown after the answers
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ class VectorRequest:
     fitness: float
     records: Sequence[Record]
     candidate: int | None = None
+    feedback: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -236,6 +236,15 @@ def responses_block(records: Sequence[Record], answer_max_chars: int) -> str:
     return "\n\n".join(blocks)
 
 
+def feedback_block(feedback: Sequence[str]) -> str:
+    """Seed 003's feedback memory: what earlier proposals near this lineage changed and what
+    came of it; empty without any."""
+    if not feedback:
+        return ""
+    return "\n\n### Feedback from earlier proposals (change -> observed outcome)\n" + "\n".join(
+        f"- {line}" for line in feedback)
+
+
 def mutation_messages(request: MutationRequest, descriptions: Mapping[str, Any],
                       answer_max_chars: int) -> list[Message]:
     user = substitute(MUTATION_USER, {
@@ -243,7 +252,8 @@ def mutation_messages(request: MutationRequest, descriptions: Mapping[str, Any],
         "current_deltas_json": json.dumps(dict(request.deltas), indent=2),
         "current_scratchpad": show_scratchpad(request.scratchpad),
         "target_cluster_id": request.target,
-        "all_responses_with_correctness": responses_block(request.records, answer_max_chars),
+        "all_responses_with_correctness": responses_block(request.records, answer_max_chars)
+        + feedback_block(request.feedback),
     })
     return [{"role": "system", "content": MUTATION_SYSTEM}, {"role": "user", "content": user}]
 
@@ -254,7 +264,8 @@ def vector_messages(request: VectorRequest, descriptions: Mapping[str, Any],
         "cluster_descriptions_json": json.dumps(descriptions, indent=2, ensure_ascii=False),
         "current_deltas_json": json.dumps(dict(request.deltas), indent=2),
         "cot_summary": request.scratchpad if request.scratchpad.strip() else FIRST_SUMMARY,
-        "all_responses_with_correctness": responses_block(request.records, answer_max_chars),
+        "all_responses_with_correctness": responses_block(request.records, answer_max_chars)
+        + feedback_block(request.feedback),
     })
     return [{"role": "system", "content": VECTOR_SYSTEM}, {"role": "user", "content": user}]
 

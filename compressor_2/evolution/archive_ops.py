@@ -1,0 +1,114 @@
+"""Seed 003's arithmetic as small pure functions: parent weights, typed issues and their
+weighted sampling, and the feedback memory's scopes over a lineage graph."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import networkx as nx
+import numpy as np
+
+from compressor_2.fitness import Record
+
+ISSUE_TYPES = ("cut_short", "wrong", "padded", "refusal")
+PADDED_RATIO = 2.0  # correct, but at least this many times the gold answer's tokens
+_REFUSAL = ("cannot", "can't", "unable", "not possible", "no information", "not provided", "not available",
+            "i don't know", "insufficient")
+
+
+# -- parent selection ---------------------------------------------------------------------
+
+def midpoint_of(scores: Sequence[float], fixed: float | None, percentile: float | None) -> float:
+    """The sigmoid's midpoint: a fixed value, or a percentile of the archive's scores."""
+    if percentile is not None:
+        return float(np.percentile(np.asarray(scores, dtype=float), percentile))
+    assert fixed is not None
+    return fixed
+
+
+def parent_weights(scores: Sequence[float], children: Sequence[int], sharpness: float, midpoint: float,
+                   novelty_weight: float) -> list[float]:
+    """weight = sigmoid(sharpness x (score - midpoint)) x 1 / (1 + children)^novelty_weight
+    (the Darwin Goedel Machine's parent choice, seed 003's quality x novelty)."""
+    return [1.0 / (1.0 + math.exp(-sharpness * (s - midpoint))) / (1.0 + c) ** novelty_weight
+            for s, c in zip(scores, children, strict=True)]
+
+
+def sample_parents(ids: Sequence[int], weights: Sequence[float], k: int, replace: bool,
+                   rng: random.Random) -> list[int]:
+    """`k` ids drawn in proportion to `weights`, with or without replacement (then at most
+    every id once)."""
+    if replace:
+        return rng.choices(list(ids), weights=list(weights), k=k)
+    pool, w, chosen = list(ids), list(weights), []
+    for _ in range(min(k, len(pool))):
+        i = rng.choices(range(len(pool)), weights=w)[0]
+        chosen.append(pool.pop(i))
+        w.pop(i)
+    return chosen
+
+
+# -- issues -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Issue:
+    """A trainable defect of one answer; `id` (example id + type) is stable across candidates."""
+
+    id: str
+    type: str
+    record: Record
+    gold_tokens: int
+
+
+def is_refusal(answer: str) -> bool:
+    text = answer.lower()
+    return not any(ch.isdigit() for ch in text) and any(phrase in text for phrase in _REFUSAL)
+
+
+def issues_of(records: Sequence[Record], gold_tokens: Mapping[str, int]) -> list[Issue]:
+    """refusal: incorrect, no figure and a refusal phrase; cut_short: incorrect and shorter
+    than the gold answer; wrong: incorrect otherwise; padded: correct but at least
+    PADDED_RATIO x the gold's tokens."""
+    found = []
+    for r in records:
+        gold = max(gold_tokens[r.id], 1)
+        if not r.is_correct:
+            kind = "refusal" if is_refusal(r.answer) else "cut_short" if r.tokens < gold else "wrong"
+        elif r.tokens >= PADDED_RATIO * gold:
+            kind = "padded"
+        else:
+            continue
+        found.append(Issue(f"{r.id}:{kind}", kind, r, gold))
+    return found
+
+
+def sample_issues(issues: Sequence[Issue], weights: Mapping[str, float], k: int,
+                  rng: random.Random) -> list[Issue]:
+    """Up to `k` distinct issues, drawn in proportion to their type's weight."""
+    pool = [i for i in issues if weights.get(i.type, 0.0) > 0]
+    chosen: list[Issue] = []
+    while pool and len(chosen) < k:
+        pick = rng.choices(range(len(pool)), weights=[weights[i.type] for i in pool])[0]
+        chosen.append(pool.pop(pick))
+    return chosen
+
+
+# -- feedback memory ----------------------------------------------------------------------
+
+def feedback_scope(graph: nx.DiGraph, candidate: int, mode: str, depth: int) -> list[int]:
+    """The candidates whose feedback entries a generator working on `candidate` sees:
+    none; its ancestors up to `depth` generations back (itself included); or its
+    neighbourhood up to `depth` lineage edges away in either direction."""
+    if mode == "none":
+        return []
+    if mode == "ancestors":
+        lengths = nx.single_source_shortest_path_length(graph.reverse(copy=False), candidate, cutoff=depth)
+    elif mode == "neighborhood":
+        lengths = nx.single_source_shortest_path_length(graph.to_undirected(as_view=True), candidate,
+                                                        cutoff=depth)
+    else:
+        raise ValueError(f"unknown feedback scope {mode!r}")
+    return sorted(lengths)

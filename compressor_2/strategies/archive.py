@@ -1,0 +1,504 @@
+"""`CONFIG_STRATEGY="archive"`: seed 003's weighted candidate archive with parallel mutation.
+
+A candidate is a delta vector and its scratchpad; its assessment is its fitness on the
+training pool with per-example records. The seed candidate (the initial deltas) starts
+the archive. Iteration t, top to bottom (seed 003, "Execution Lifecycle"):
+  1. select parents from the archive: weight = quality sigmoid x novelty bonus;
+  2. sample issue batches (typed defects of single answers) from each parent's records;
+  3. gather feedback memory: entries of earlier proposals near the parent's lineage;
+  4. run the generators concurrently: every generator once per parent;
+  5. pass the proposals through the post-check gate (range, already known, optionally a
+     try on the parent's failing examples); rejections are archived with their reason;
+  6. assess the survivors together, in one engine call, and append them to the archive;
+  7. record the feedback entries and a snapshot.
+State (iteration, RNG, the archive's newest candidate) is written after every
+iteration; Ctrl+C, kill -9 and a rerun resume it, replaying the interrupted iteration.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from compressor_2.archive.database import Candidate, genome_key
+from compressor_2.atomic import atomic_write_json, atomic_write_text
+from compressor_2.config import ArchiveOptions, Config
+from compressor_2.errors import ConfigError
+from compressor_2.evolution.archive_ops import (
+    PADDED_RATIO, Issue, feedback_scope, issues_of, midpoint_of, parent_weights, sample_issues, sample_parents,
+)
+from compressor_2.evolution.budget import Cost
+from compressor_2.evolution.history import HISTORY_FILE, load_history, save_history
+from compressor_2.evolution.operators import append_summary, weighted_average
+from compressor_2.evolution.plots import FITNESS_PLOT, LENGTHS_PLOT, plot_archive, plot_fitness, plot_lengths
+from compressor_2.evolution.progress import say
+from compressor_2.evolution.run import Run, resume_command
+from compressor_2.evolution.state import Member, capture_rng, restore_rng
+from compressor_2.evolution.tree import TREE_FILE, EvolutionTree
+from compressor_2.fitness import Evaluation, Record
+from compressor_2.reflector.base import MergeRequest, MutationRequest, VectorRequest
+from compressor_2.reflector.prompts import estimated_call_tokens
+from compressor_2.steering.deltas import load_deltas, to_list
+
+NAME = "archive"
+STATE_FILE = "archive_state.json"
+SNAPSHOTS_FILE = "snapshots.jsonl"
+PROGRESS_PLOT = "archive_progress.png"
+TREE_PLOT = "evolution_tree.png"
+EOS_CLUSTER, NUMBERS_CLUSTER = "0", "1"
+SEED_STEP = -1  # the seed candidate is placed before iteration 0
+
+
+def estimate(config: Config, n_examples: int) -> Cost:
+    options = _options(config)
+    proposals = options.parents_per_iteration * len(options.generators)
+    calls = proposals if config.reflector != "local" else 0.0
+    per_proposal = n_examples + min(options.postcheck_examples, n_examples)
+    return Cost("iteration", n_examples, proposals * per_proposal,
+                calls * estimated_call_tokens(config, options.issue_batch))
+
+
+def run(run: Run) -> str:
+    options, out = _options(run.config), run.out
+    state = _load_state(out / STATE_FILE)
+    start = state["iteration"] if state else 0
+    if state and start >= options.iterations:
+        return f"all {options.iterations} iterations have run; raise CONFIG_ARCHIVE_ITERATIONS to go further"
+    rng = random.Random(run.config.seed)
+    archive = Archive(run, options, rng, load_history(out / HISTORY_FILE, before=start))
+    if state:
+        run.archive.rollback(state["last_candidate_id"], from_step=start)
+        restore_rng(state["rng"], into=(rng, np.random.RandomState()))
+        best = run.archive.best()
+        if best is not None and best.id is not None:
+            run.best.member, run.best.fitness = Member(dict(best.deltas), best.scratchpad, best.id), best.fitness
+        _truncate_snapshots(out / SNAPSHOTS_FILE, start)
+        say(f"resuming at iteration {start} of {options.iterations} from {out / STATE_FILE}")
+    else:
+        archive.seed()
+        say(f"evolving an archive for {options.iterations} iterations on {len(run.examples)} training examples "
+            f"({options.parents_per_iteration} parents x {len(options.generators)} generators per iteration)")
+    for t in range(start, options.iterations):
+        if reason := run.stop_reason():
+            archive.stop(reason)
+            return reason
+        try:
+            iteration(archive, t)
+        except KeyboardInterrupt:
+            print(f"\ninterrupted: iteration {t} starts again when you rerun the same command: "
+                  f"{resume_command()}", file=sys.stderr)
+            raise
+    archive.stop(reason := f"all {options.iterations} iterations ran")
+    return reason
+
+
+def iteration(a: Archive, t: int) -> None:
+    options, timer = a.options, Timer()
+
+    # 1. Select parents from the archive: quality x novelty.
+    with timer("selection"):
+        parents = a.select_parents()
+
+    # 2. Sample issue batches from each parent's assessment, and 3. gather feedback memory.
+    with timer("selection"):
+        jobs = [Job(t, i * len(options.generators) + k, parent, generator,
+                    sample_issues(a.issues(parent), dict(options.issue_weights), options.issue_batch, a.rng),
+                    a.feedback_for(parent), a.partner_for(parent) if generator == "crossover" else None)
+                for i, parent in enumerate(parents) for k, generator in enumerate(options.generators)]
+
+    # 4. Run the generators concurrently (CONFIG_ARCHIVE_GENERATION_CONCURRENCY at a time).
+    with timer("generation"):
+        proposals = list(a.generation_pool.map(a.generate, jobs))
+
+    # 5. The post-check gate; rejections go to the archive with their reason.
+    with timer("postcheck"):
+        survivors = a.postcheck(t, [p for p in proposals if p is not None])
+
+    # 6. Assess the survivors together and append them to the archive.
+    with timer("assessment"):
+        accepted = a.assess(t, survivors)
+
+    # 7. Feedback entries and a snapshot.
+    made = [p for p in proposals if p is not None]
+    a.record(t, len(jobs) - len(made), len(made), len(made) - len(survivors), accepted, timer)
+
+
+@dataclass(frozen=True)
+class Job:
+    iteration: int
+    index: int  # its place in the iteration: the child index of its reflector calls
+    parent: Candidate
+    generator: str
+    issues: list[Issue]
+    feedback: tuple[str, ...]
+    partner: Candidate | None
+
+
+@dataclass(frozen=True)
+class Proposal:
+    job: Job
+    deltas: dict[str, float]
+    scratchpad: str
+    operator: str
+    parents: tuple[int, ...]
+    change: str  # the change summary
+
+
+class Timer:
+    """Seconds per stage of an iteration."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def __call__(self, stage: str) -> _Stage:
+        return _Stage(self, stage)
+
+
+@dataclass
+class _Stage:
+    timer: Timer
+    stage: str
+    started: float = field(default=0.0)
+
+    def __enter__(self) -> None:
+        self.started = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        spent = time.perf_counter() - self.started
+        self.timer.seconds[self.stage] = round(self.timer.seconds.get(self.stage, 0.0) + spent, 3)
+
+
+class Archive:
+    """The strategy's services over the run archive: selection, generators, gate,
+    assessment, records."""
+
+    def __init__(self, run: Run, options: ArchiveOptions, rng: random.Random,
+                 history: list[dict[str, Any]]) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.run, self.options, self.rng, self.history = run, options, rng, history
+        self.generation_pool = ThreadPoolExecutor(options.generation_concurrency, thread_name_prefix="generator")
+        self.gold_tokens = _gold_tokens(run)
+        self._records: dict[int, Evaluation] = {}
+
+    # -- the archive's members ----------------------------------------------------------
+
+    def members(self) -> list[Candidate]:
+        return self.run.archive.candidates("status = 'evaluated' AND fitness IS NOT NULL")
+
+    def evaluation(self, candidate: Candidate) -> Evaluation:
+        """Its records on the pool, served from the cache (no metric call)."""
+        assert candidate.id is not None
+        if candidate.id not in self._records:
+            [self._records[candidate.id]] = self.run.evaluate([to_list(candidate.deltas)], "archive records")
+        return self._records[candidate.id]
+
+    def seed(self) -> None:
+        """The seed candidate: the initial deltas, assessed on the pool."""
+        later = self.run.archive.candidates("generation >= 1")
+        if later:
+            raise ConfigError(f"'{self.run.archive.path}' holds iterations up to {later[-1].generation} but "
+                              f"'{self.run.out / STATE_FILE}' is missing: restore it, or move the run directory "
+                              "away (or choose another CONFIG_OUTPUT_DIR) to start a fresh run")
+        self.run.archive.rollback(0, from_step=SEED_STEP)
+        deltas = load_deltas(self.run.config.initial_deltas_path, self.run.cluster_ids)
+        [evaluation] = self.run.evaluate([to_list(deltas)], "seed candidate")
+        [seed] = self.run.archive.add([Candidate(deltas, "", "initial", (), NAME, 0, fitness=evaluation.fitness,
+                                                 mean_tokens=evaluation.mean_tokens,
+                                                 correctness=evaluation.correctness)])
+        assert seed.id is not None
+        self._records[seed.id] = evaluation
+        self.run.archive.place([(_label(seed.id), seed.id, 0, "cand", 0)], SEED_STEP)
+        self.run.best.consider([(Member(dict(deltas), "", seed.id), evaluation)])
+        self.save_state(0)
+
+    # -- 1. parents -----------------------------------------------------------------------
+
+    def weights(self, members: Sequence[Candidate]) -> list[float]:
+        lineage = self.run.archive.lineage()
+        scores = [m.fitness or 0.0 for m in members]
+        midpoint = midpoint_of(scores, self.options.midpoint, self.options.midpoint_percentile)
+        return parent_weights(scores, [lineage.children_count(m.id) for m in members if m.id is not None],
+                              self.options.sharpness, midpoint, self.options.novelty_weight)
+
+    def select_parents(self) -> list[Candidate]:
+        members = self.members()
+        chosen = sample_parents([m.id for m in members if m.id is not None], self.weights(members),
+                                self.options.parents_per_iteration, self.options.replace, self.rng)
+        by_id = {m.id: m for m in members}
+        return [by_id[c] for c in chosen]
+
+    def partner_for(self, parent: Candidate) -> Candidate | None:
+        """Crossover's second parent: another member, by the same weights."""
+        others = [m for m in self.members() if m.id != parent.id]
+        if not others:
+            return None
+        [pick] = sample_parents([m.id for m in others if m.id is not None], self.weights(others), 1, True, self.rng)
+        return next(m for m in others if m.id == pick)
+
+    # -- 2. issues, 3. feedback -----------------------------------------------------------
+
+    def issues(self, parent: Candidate) -> list[Issue]:
+        return issues_of(self.evaluation(parent).records, self.gold_tokens)
+
+    def feedback_for(self, parent: Candidate) -> tuple[str, ...]:
+        assert parent.id is not None
+        scope = feedback_scope(self.run.archive.lineage().graph, parent.id, self.options.feedback_scope,
+                               self.options.feedback_depth)
+        return tuple(f"#{c} from #{p} by {g}: {change} -> {outcome}"
+                     for c, p, _, g, change, outcome in self.run.archive.feedback(scope))
+
+    # -- 4. generators ----------------------------------------------------------------------
+
+    def generate(self, job: Job) -> Proposal | None:
+        return GENERATORS[job.generator](self, job)
+
+    def request_records(self, job: Job) -> list[Record]:
+        """The sampled issues' answers, each labelled with its issue; the whole pool when the
+        parent has no issue left."""
+        if not job.issues:
+            return list(self.evaluation(job.parent).records)
+        return [Record(i.record.id, i.record.question, i.record.answer, i.record.gold, i.record.tokens,
+                       i.record.is_correct, f"[{i.type}, gold {i.gold_tokens} tokens] {i.record.reasoning}")
+                for i in job.issues]
+
+    # -- 5. the gate ------------------------------------------------------------------------
+
+    def postcheck(self, t: int, proposals: Sequence[Proposal]) -> list[Proposal]:
+        known = {genome_key(to_list(c.deltas)) for c in self.run.archive.candidates()}
+        survivors, rejected = [], []
+        for p in proposals:
+            key = genome_key(to_list(p.deltas))
+            values = list(p.deltas.values())
+            if not all(math.isfinite(v) and abs(v) <= self.options.delta_limit for v in values):
+                rejected.append((p, f"a delta outside [-{self.options.delta_limit:g}, {self.options.delta_limit:g}]"))
+            elif key in known:
+                rejected.append((p, "its genome is already in the archive or in another proposal of this iteration"))
+            else:
+                known.add(key)
+                survivors.append(p)
+        if self.options.postcheck_examples and survivors:
+            survivors = self._try_on_failures(survivors, rejected)
+        if rejected:
+            added = self.run.archive.add([self.candidate(t, p, "rejected", why) for p, why in rejected])
+            self.run.archive.record_feedback([
+                (c.id, p.job.parent.id, t, p.job.generator, p.change, f"rejected by the post-check: {c.note}")
+                for c, (p, _) in zip(added, rejected) if c.id is not None and p.job.parent.id is not None])
+        return survivors
+
+    def _try_on_failures(self, survivors: list[Proposal],
+                         rejected: list[tuple[Proposal, str]]) -> list[Proposal]:
+        """Each survivor on up to N examples where its parent failed or padded: worse than the
+        parent there by more than the margin (summed per-example score) is rejected."""
+        kept = []
+        for p in survivors:
+            parent = self.evaluation(p.job.parent)
+            failing = {i.record.id for i in self.issues(p.job.parent)}
+            chosen = [i for i, r in enumerate(parent.records) if r.id in failing][:self.options.postcheck_examples]
+            if not chosen:
+                kept.append(p)
+                continue
+            examples = [self.run.examples[i] for i in chosen]
+            [tried] = self.run.evaluate([to_list(p.deltas)], "post-check", examples)
+            before, after = sum(parent.scores[i] for i in chosen), sum(tried.scores)
+            if after < before - self.options.postcheck_margin:
+                rejected.append((p, f"on {len(chosen)} examples its parent failed or padded it scores "
+                                    f"{after:.4f} against the parent's {before:.4f}"))
+            else:
+                kept.append(p)
+        return kept
+
+    # -- 6. assessment ----------------------------------------------------------------------
+
+    def assess(self, t: int, survivors: Sequence[Proposal]) -> list[tuple[Proposal, Candidate, Evaluation]]:
+        size = self.options.assessment_concurrency
+        evaluations: list[Evaluation] = []
+        for i in range(0, len(survivors), size):
+            evaluations += self.run.evaluate([to_list(p.deltas) for p in survivors[i:i + size]],
+                                             f"iteration {t} proposals")
+        added = self.run.archive.add([
+            self.candidate(t, p, "evaluated", "", e) for p, e in zip(survivors, evaluations)])
+        for c, e in zip(added, evaluations):
+            assert c.id is not None
+            self._records[c.id] = e
+        self.run.archive.place([(_label(c.id), c.id, t + 1, "cand", i)
+                                for i, c in enumerate(added) if c.id is not None], t)
+        self.run.best.consider([(Member(dict(c.deltas), c.scratchpad, c.id), e)
+                                for c, e in zip(added, evaluations) if c.id is not None])
+        return list(zip(survivors, added, evaluations))
+
+    def candidate(self, t: int, p: Proposal, status: str, note: str,
+                  evaluation: Evaluation | None = None) -> Candidate:
+        return Candidate(p.deltas, p.scratchpad, p.operator, p.parents, NAME, t + 1, status, note,
+                         evaluation.fitness if evaluation else None, evaluation.mean_tokens if evaluation else None,
+                         evaluation.correctness if evaluation else None)
+
+    # -- 7. records -------------------------------------------------------------------------
+
+    def record(self, t: int, skipped: int, proposed: int, rejected: int,
+               accepted: Sequence[tuple[Proposal, Candidate, Evaluation]], timer: Timer) -> None:
+        """`skipped`: generator calls that gave no proposal (the reflector's replies were
+        invalid twice, or a crossover found no partner)."""
+        entries = []
+        for p, c, e in accepted:
+            parent = self.evaluation(p.job.parent)
+            entries.append((c.id, p.job.parent.id, t, p.job.generator, p.change,
+                            f"fitness {parent.fitness:.4f} -> {e.fitness:.4f} ({e.fitness - parent.fitness:+.4f}), "
+                            f"tokens {parent.mean_tokens:.1f} -> {e.mean_tokens:.1f}, correct "
+                            f"{100 * parent.correctness:.1f}% -> {100 * e.correctness:.1f}%"))
+        self.run.archive.record_feedback(entries)
+        members = self.members()
+        scores = [m.fitness or 0.0 for m in members]
+        best = max(members, key=lambda m: (m.fitness or 0.0, -(m.id or 0)))
+        calls, prompt, completion = self.run.archive.reflector_tokens()
+        snapshot = {
+            "generation": t, "archive_size": len(members), "best_fitness": max(scores),
+            "mean_fitness": float(np.mean(scores)),
+            "p10": float(np.percentile(scores, 10)), "p50": float(np.percentile(scores, 50)),
+            "p90": float(np.percentile(scores, 90)),
+            "best_ever_fitness": self.run.best.fitness, "best_candidate": best.id,
+            "mean_tokens": float(np.mean([m.mean_tokens or 0.0 for m in members])),
+            "best_mean_tokens": best.mean_tokens, "best_correctness": best.correctness,
+            "proposals": proposed, "skipped": skipped, "rejected": rejected, "accepted": len(accepted),
+            "seconds": timer.seconds, "metric_calls": self.run.archive.metric_calls(),
+            "reflector_calls": calls, "reflector_tokens": prompt + completion,
+        }
+        out = self.run.out
+        with (out / SNAPSHOTS_FILE).open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(snapshot) + "\n")
+        self.history[t:] = [snapshot]
+        save_history(out / HISTORY_FILE, self.history)
+        tree = EvolutionTree.from_archive(self.run.archive)
+        tree.save(out / TREE_FILE)
+        self.save_state(t + 1)
+        plot_fitness(self.history, out / FITNESS_PLOT)
+        plot_lengths(self.history, out / LENGTHS_PLOT)
+        plot_archive(self.history, out / PROGRESS_PLOT)
+        tree.render(out / TREE_PLOT)
+        say(f"iteration {t + 1} of {self.options.iterations}: archive {len(members)}  best {max(scores):.4f}  "
+            f"p50 {snapshot['p50']:.4f}  proposals {proposed} (rejected {rejected}, accepted {len(accepted)}; "
+            f"{skipped} generator calls without one)  "
+            f"metric calls {snapshot['metric_calls']}  elapsed {self.run.budget.seconds():.0f}s")
+
+    def save_state(self, iteration: int) -> None:
+        atomic_write_json(self.run.out / STATE_FILE, {
+            "iteration": iteration, "rng": _capture(self.rng),
+            "last_candidate_id": self.run.archive.last_candidate_id()})
+
+    def stop(self, reason: str) -> None:
+        if self.history:
+            self.history[-1]["stop_reason"] = reason
+            save_history(self.run.out / HISTORY_FILE, self.history)
+        self.generation_pool.shutdown(wait=False, cancel_futures=True)
+
+
+# -- generators: (archive, job) -> a proposal, or None when the reflector gave none --------
+
+def cluster_generator(a: Archive, job: Job) -> Proposal | None:
+    """Seed 000's single-cluster mutation, its target taken from the sampled issues: EOS (the
+    length knob) when most are about length (cut short, padded, a refusal, or wrong at
+    PADDED_RATIO x the gold's tokens or more), else the numbers cluster (wrong figures)."""
+    evaluation = a.evaluation(job.parent)
+    length = sum(i.type != "wrong" or i.record.tokens >= PADDED_RATIO * i.gold_tokens for i in job.issues)
+    target = NUMBERS_CLUSTER if length * 2 < len(job.issues) and NUMBERS_CLUSTER in job.parent.deltas \
+        else EOS_CLUSTER
+    result = a.run.reflector.mutate(MutationRequest(
+        job.iteration, job.index, target, dict(job.parent.deltas), job.parent.scratchpad, evaluation.fitness,
+        a.request_records(job), job.parent.id, job.feedback))
+    if result.delta is None:
+        return None
+    deltas = {**job.parent.deltas, target: result.delta}
+    return Proposal(job, deltas, result.scratchpad, "mutation", (job.parent.id or 0,),
+                    f"cluster {target}: {job.parent.deltas[target]:.4f} -> {result.delta:.4f} "
+                    f"({', '.join(sorted({i.type for i in job.issues})) or 'no issue'})")
+
+
+def vector_generator(a: Archive, job: Job) -> Proposal | None:
+    """Seed 001 §4's full-vector mutation on the sampled issues."""
+    evaluation = a.evaluation(job.parent)
+    result = a.run.reflector.mutate_vector(VectorRequest(
+        job.iteration, job.index, dict(job.parent.deltas), job.parent.scratchpad, evaluation.fitness,
+        a.request_records(job), job.parent.id, job.feedback))
+    if result.deltas is None:
+        return None
+    moved = [f"{k} {job.parent.deltas[k]:.2f}->{v:.2f}" for k, v in result.deltas.items()
+             if v != job.parent.deltas[k]]
+    return Proposal(job, result.deltas, append_summary(job.parent.scratchpad, result.summary), "vector_mutation",
+                    (job.parent.id or 0,), f"vector: {', '.join(moved)}")
+
+
+def crossover_generator(a: Archive, job: Job) -> Proposal | None:
+    """Seed 000's fitness-weighted average with another archive member, scratchpads merged."""
+    partner = job.partner
+    if partner is None or partner.id is None or job.parent.id is None:
+        return None
+    fa, fb = job.parent.fitness or 0.0, partner.fitness or 0.0
+    ids = list(job.parent.deltas)
+    child = weighted_average(to_list(job.parent.deltas), to_list(partner.deltas), fa, fb)
+    merged = a.run.reflector.merge(MergeRequest(job.iteration, job.index, (job.parent.id, partner.id),
+                                                job.parent.scratchpad, fa, partner.scratchpad, fb,
+                                                (job.parent.id, partner.id)))
+    return Proposal(job, dict(zip(ids, child)), merged.scratchpad, "crossover", (job.parent.id, partner.id),
+                    f"crossover of #{job.parent.id} ({fa:.4f}) and #{partner.id} ({fb:.4f})")
+
+
+GENERATORS: dict[str, Callable[[Archive, Job], Proposal | None]] = {
+    "cluster": cluster_generator, "vector": vector_generator, "crossover": crossover_generator,
+}
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+def _options(config: Config) -> ArchiveOptions:
+    if config.archive is None:
+        raise ConfigError("CONFIG_STRATEGY_ARCHIVE=y is needed for the archive strategy's options")
+    return config.archive
+
+
+def _label(cid: int) -> str:
+    return f"c{cid}"
+
+
+def _gold_tokens(run: Run) -> dict[str, int]:
+    """Tokens of each gold answer, with the model's tokenizer (what `tokens` counts)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(run.config.model_path)
+    return {ex.id: len(tokenizer(ex.gold, add_special_tokens=False)["input_ids"]) for ex in run.examples}
+
+
+def _capture(rng: random.Random) -> dict[str, Any]:
+    """The strategy's RNG in restore_rng's format (numpy's part is unused here)."""
+    version, internal, gauss = rng.getstate()
+    return {**capture_rng(), "random": [version, list(internal), gauss]}
+
+
+def _load_state(path: Path) -> dict[str, Any] | None:
+    if not path.exists():
+        return None
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+        restore_rng(state["rng"], into=(random.Random(), np.random.RandomState()))
+        if not isinstance(state["iteration"], int) or not isinstance(state["last_candidate_id"], int):
+            raise ValueError("iteration and last_candidate_id must be integers")
+        return state
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"'{path}' cannot be read ({exc}); move it away (or choose another "
+                          "CONFIG_OUTPUT_DIR) to start a fresh run") from None
+
+
+def _truncate_snapshots(path: Path, before: int) -> None:
+    """A resumed run rewrites the snapshots of the iteration it replays."""
+    if path.exists():
+        kept = [line for line in path.read_text(encoding="utf-8").splitlines()
+                if line.strip() and json.loads(line)["generation"] < before]
+        atomic_write_text(path, "".join(line + "\n" for line in kept))

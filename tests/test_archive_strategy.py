@@ -1,0 +1,187 @@
+"""Seed 003's weighted candidate archive: its arithmetic on hand-computed cases, then the
+strategy end to end on the tiny model (outputs, the post-check, `show`, resume)."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sqlite3
+from collections import Counter
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+from compressor_2.cli import main
+from compressor_2.clusters.build import build_clusters
+from compressor_2.evolution.archive_ops import (
+    feedback_scope, issues_of, midpoint_of, parent_weights, sample_issues, sample_parents,
+)
+from compressor_2.evolution.run import evolve
+from compressor_2.fitness import Record
+from compressor_2.reflector.base import Reply, Usage
+from compressor_2.reflector.local import LocalProposer
+from tests.test_evolution_support import config_for, read_json
+
+ARCHIVE = {"STRATEGY_ARCHIVE": "y", "ARCHIVE_ITERATIONS": "3"}
+
+
+def sigmoid(x: float) -> float:
+    return 1 / (1 + math.exp(-x))
+
+
+def test_weights_are_quality_times_novelty():
+    weights = parent_weights([0.5, 0.8, 0.8], [0, 0, 3], sharpness=10, midpoint=0.6, novelty_weight=1.0)
+    assert weights == pytest.approx([sigmoid(-1.0), sigmoid(2.0), sigmoid(2.0) / 4])
+    assert parent_weights([0.7], [3], 10, 0.7, 2.0) == pytest.approx([0.5 / 16])
+    assert parent_weights([0.7], [3], 10, 0.7, 0.0) == pytest.approx([0.5])  # novelty off
+
+
+def test_novelty_falls_with_children():
+    weights = parent_weights([0.8] * 5, [0, 1, 2, 4, 8], 10, 0.5, 1.2)
+    assert weights == sorted(weights, reverse=True) and len(set(weights)) == 5
+
+
+def test_percentile_and_fixed_midpoints():
+    scores = [0.1, 0.2, 0.3, 0.4, 0.5]
+    assert midpoint_of(scores, None, 50) == pytest.approx(0.3)
+    assert midpoint_of(scores, None, 80) == pytest.approx(0.42)
+    assert midpoint_of(scores, 0.25, None) == 0.25
+
+
+def test_parent_sampling_with_and_without_replacement():
+    rng = random.Random(3)
+    drawn = sample_parents([1, 2, 3], [0.0, 1.0, 0.0], 5, True, rng)
+    assert drawn == [2] * 5
+    assert sorted(sample_parents([1, 2, 3], [1.0, 1.0, 1.0], 5, False, rng)) == [1, 2, 3]
+
+
+def record(i: int, answer: str, tokens: int, correct: bool) -> Record:
+    return Record(f"q{i}", "Q?", answer, "gold", tokens, correct, "judge")
+
+
+def test_issues_are_typed_from_the_records():
+    records = [record(0, "$5", 1, False), record(1, "$7 million in 2020 and 2021", 9, False),
+               record(2, "Revenue was $5 million, as the page says at length", 12, True),
+               record(3, "$5 million", 3, True), record(4, "I cannot answer from the page.", 8, False)]
+    issues = issues_of(records, {f"q{i}": 3 for i in range(5)})
+    assert [(i.id, i.type) for i in issues] == [("q0:cut_short", "cut_short"), ("q1:wrong", "wrong"),
+                                               ("q2:padded", "padded"), ("q4:refusal", "refusal")]
+
+
+def test_issue_sampling_is_weighted_by_type():
+    records = [record(i, "$5", 1, False) for i in range(50)] + [
+        record(i, "long correct answer here", 20, True) for i in range(50, 100)]
+    issues = issues_of(records, {f"q{i}": 3 for i in range(100)})
+    rng = random.Random(0)
+    drawn = Counter(i.type for _ in range(300) for i in sample_issues(issues, {"cut_short": 3, "padded": 1}, 1, rng))
+    assert 0.65 < drawn["cut_short"] / 300 < 0.85  # 3:1 -> 75%
+    only = sample_issues(issues, {"cut_short": 1, "padded": 0}, 10, random.Random(1))
+    assert len(only) == 10 and {i.type for i in only} == {"cut_short"} and len({i.id for i in only}) == 10
+
+
+def test_feedback_scopes_on_a_hand_built_lineage():
+    graph = nx.DiGraph([(1, 2), (2, 3), (3, 4), (2, 5), (6, 7)])
+    assert feedback_scope(graph, 4, "none", 3) == []
+    assert feedback_scope(graph, 4, "ancestors", 2) == [2, 3, 4]
+    assert feedback_scope(graph, 4, "ancestors", 9) == [1, 2, 3, 4]
+    assert feedback_scope(graph, 3, "neighborhood", 1) == [2, 3, 4]
+    assert feedback_scope(graph, 3, "neighborhood", 2) == [1, 2, 3, 4, 5]
+
+
+# -- end to end -----------------------------------------------------------------------------
+
+def table(out: Path, sql: str) -> list[tuple]:
+    with sqlite3.connect(out / "run.sqlite") as db:
+        return db.execute(sql).fetchall()
+
+
+@pytest.mark.slow
+def test_an_offline_archive_run_writes_every_output(tmp_path, shared, tiny_model_dir, capsys):
+    config = config_for(tmp_path, shared, tiny_model_dir, **ARCHIVE)
+    evolve(config)
+    out = config.output_dir
+    for name in ("deltas_best.json", "processor_best.py", "history.json", "tree.json", "snapshots.jsonl",
+                 "archive_state.json", "archive_progress.png", "evolution_tree.png", "fitness_vs_generation.png"):
+        assert (out / name).exists(), name
+    snapshots = [json.loads(line) for line in (out / "snapshots.jsonl").read_text().splitlines()]
+    assert [s["generation"] for s in snapshots] == [0, 1, 2]
+    for s in snapshots:
+        assert s["p10"] <= s["p50"] <= s["p90"] <= s["best_fitness"]
+        assert set(s["seconds"]) == {"selection", "generation", "postcheck", "assessment"}
+    assert snapshots[-1]["metric_calls"] == table(out, "SELECT count(*) FROM evaluations")[0][0]
+    assert read_json(out / "history.json")[-1]["stop_reason"] == "all 3 iterations ran"
+    # Every kept proposal has a feedback entry; parents come from the archive.
+    kept = table(out, "SELECT id FROM candidates WHERE status = 'evaluated' AND operator != 'initial'")
+    assert len(table(out, "SELECT candidate FROM feedback WHERE outcome LIKE 'fitness %'")) == len(kept) > 0
+    assert {op for (op,) in table(out, "SELECT operator FROM candidates")} >= {"initial", "mutation",
+                                                                               "vector_mutation", "crossover"}
+    tree = read_json(out / "tree.json")
+    assert len(tree["nodes"]) == len(kept) + 1 and tree["edges"]
+    capsys.readouterr()
+    assert main(["show", "--config", str(tmp_path / "test.config")]) == 0
+    shown = capsys.readouterr().out
+    assert "strategy      archive" in shown and "feedback log" in shown and "archive members" in shown
+
+
+@pytest.mark.slow
+def test_the_post_check_rejects_and_records(tmp_path, shared, tiny_model_dir):
+    # The local reflector's first steps are about 1.0: a limit of 0.5 rejects every mutation.
+    config = config_for(tmp_path, shared, tiny_model_dir, **{**ARCHIVE, "ARCHIVE_ITERATIONS": "2"},
+                        ARCHIVE_DELTA_LIMIT='"0.5"')
+    evolve(config)
+    out = config.output_dir
+    rejected = table(out, "SELECT id, note FROM candidates WHERE status = 'rejected'")
+    assert rejected and all(note == "a delta outside [-0.5, 0.5]" for _, note in rejected)
+    outcomes = dict(table(out, "SELECT candidate, outcome FROM feedback"))
+    assert all(outcomes[cid] == f"rejected by the post-check: {note}" for cid, note in rejected)
+    snapshots = [json.loads(line) for line in (out / "snapshots.jsonl").read_text().splitlines()]
+    assert sum(s["rejected"] for s in snapshots) == len(rejected)
+    # Rejected proposals cost no metric call: only the kept genomes were evaluated.
+    kept = table(out, "SELECT count(*) FROM candidates WHERE status = 'evaluated'")[0][0]
+    assert table(out, "SELECT count(DISTINCT genome) FROM evaluations")[0][0] == kept
+
+
+@pytest.mark.slow
+def test_the_post_check_tries_proposals_on_the_parents_failures(tmp_path, shared, tiny_model_dir, monkeypatch):
+    """The seed answers in one token; a vector generator that switches EOS off makes every
+    answer run to max_new_tokens, which is worse on the parent's failures: the try rejects
+    it before a full assessment."""
+
+    def eos_off(self, request, messages, attempt):
+        deltas = {**request.deltas, "0": -30.0}
+        return Reply(json.dumps({"deltas": deltas, "summary": "EOS off"}), Usage(calls=1))
+
+    monkeypatch.setattr(LocalProposer, "vector_mutation", eos_off)
+    ids = build_clusters(config_for(tmp_path, shared, tiny_model_dir)).cluster_ids
+    start = tmp_path / "eos_up.json"
+    start.write_text(json.dumps({cid: 8.0 if cid == "0" else 0.0 for cid in ids}))  # one-token answers
+    config = config_for(tmp_path, shared, tiny_model_dir, **ARCHIVE, ARCHIVE_POSTCHECK_EXAMPLES="2",
+                        ARCHIVE_GENERATORS='"cluster,vector"', INITIAL_DELTAS_PATH=f'"{start}"')
+    evolve(config)
+    out = config.output_dir
+    notes = [n for (n,) in table(out, "SELECT note FROM candidates WHERE status = 'rejected'")]
+    tried = [n for n in notes if n.startswith("on ") and "its parent failed or padded it scores" in n]
+    duplicate = "its genome is already in the archive or in another proposal of this iteration"
+    assert tried and set(notes) - set(tried) <= {duplicate}
+    # A proposal the try rejected was answered on at most 2 examples, never assessed in full.
+    tried_only = table(out, "SELECT genome, count(*) FROM evaluations GROUP BY genome HAVING count(*) < 3")
+    assert len(tried_only) == len(set(tried_only)) and all(count <= 2 for _, count in tried_only)
+    assert 1 <= len(tried_only) <= len(tried)
+
+
+@pytest.mark.slow
+def test_a_resumed_archive_run_ends_where_an_uninterrupted_one_does(tmp_path, shared, tiny_model_dir):
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    whole.mkdir()
+    split.mkdir()
+    evolve(config_for(whole, shared, tiny_model_dir, **ARCHIVE))
+    evolve(config_for(split, shared, tiny_model_dir, **{**ARCHIVE, "ARCHIVE_ITERATIONS": "1"}))
+    evolve(config_for(split, shared, tiny_model_dir, **ARCHIVE))
+    assert read_json(whole / "out" / "archive_state.json") == read_json(split / "out" / "archive_state.json")
+    assert read_json(whole / "out" / "deltas_best.json") == read_json(split / "out" / "deltas_best.json")
+    for sql in ("SELECT id, operator, deltas, scratchpad, status, note, fitness FROM candidates ORDER BY id",
+                "SELECT * FROM lineage ORDER BY child, position", "SELECT * FROM feedback ORDER BY candidate"):
+        assert table(whole / "out", sql) == table(split / "out", sql), sql
+    assert read_json(whole / "out" / "tree.json")["nodes"] == read_json(split / "out" / "tree.json")["nodes"]
