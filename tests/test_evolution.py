@@ -127,7 +127,10 @@ def test_mutated_children_are_evaluated_twice(tmp_path, shared, tiny_model_dir):
 def test_a_rerun_after_the_last_generation_changes_nothing(uninterrupted: Path, shared, tiny_model_dir, capsys):
     before = (uninterrupted / "evolution_state.json").read_bytes()
     evolve(config_for(uninterrupted.parent, shared, tiny_model_dir))
-    assert f"all {DEFAULT_NGEN} generations have run" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"all {DEFAULT_NGEN} generations have run" in out
+    best = read_json(uninterrupted / "evolution_state.json")["best_individual"]["candidate_id"]
+    assert "best fitness" in out and f"(candidate {best})" in out and "nothing evaluated" not in out
     assert (uninterrupted / "evolution_state.json").read_bytes() == before
 
 
@@ -166,3 +169,23 @@ def test_a_run_with_the_openai_reflector_writes_no_key(tmp_path, shared, tiny_mo
     assert len(list((out / "reflector_prompts").iterdir())) == len(calls)
     for path in written:
         assert key.encode() not in path.read_bytes(), path
+
+
+def test_a_run_killed_after_its_last_state_finishes_its_outputs_on_rerun(tmp_path, shared, tiny_model_dir,
+                                                                          uninterrupted):
+    """kill -9 between the last state save and the last plots: the rerun adds the stop
+    reason and draws the plots and the tree again."""
+    import shutil
+
+    work = tmp_path / "copy"
+    shutil.copytree(uninterrupted.parent, work)
+    out = work / "out"
+    history = read_json(out / "history.json")
+    del history[-1]["stop_reason"]
+    (out / "history.json").write_text(json.dumps(history))
+    for png in ("fitness_vs_generation.png", "evolution_lengths.png", "evolution_tree.png"):
+        (out / png).unlink()
+    evolve(config_for(work, shared, tiny_model_dir))
+    assert read_json(out / "history.json")[-1]["stop_reason"] == f"all {DEFAULT_NGEN} generations ran"
+    for png in ("fitness_vs_generation.png", "evolution_lengths.png", "evolution_tree.png"):
+        assert (out / png).read_bytes().startswith(PNG)

@@ -7,8 +7,9 @@ cut off where it stands. After each kill the run directory must still be sound
 (`PRAGMA integrity_check` is "ok", every JSON file parses), and a rerun must end in
 exactly the state of the uninterrupted run: evolution_state.json, deltas_best.json,
 tree.json's nodes and the archive's candidates with their lineage. The kill moments are
-drawn from a seeded `random.Random`, uniformly over the measured length of an
-uninterrupted run, so a failing trial can be replayed from its seed and index.
+drawn from a seeded `random.Random`, one uniformly in each of TRIALS equal slices of the
+measured length of an uninterrupted run, so a failing trial can be replayed from its
+seed and index.
 
 "Resume costs nothing": a run killed after its first saved generation and rerun ends
 with exactly the uninterrupted run's `evaluations` rows (no answer generated twice, none
@@ -33,7 +34,11 @@ from typing import Any
 
 import pytest
 
+from compressor_2.clusters.build import build_clusters
+from compressor_2.config import load_config
+from compressor_2.evolution.run import evolve
 from tests.conftest import REPO
+from tests.test_evolution_support import DEFAULT_NGEN, config_for, default_run, shared_dir, write_config
 
 ARCHIVE = "run.sqlite"
 STATE = "evolution_state.json"
@@ -117,6 +122,9 @@ def soundness_problems(out: Path) -> list[str]:
     return problems
 
 
+CANDIDATE_FIELDS = ("id", "operator", "generation", "status", "deltas", "scratchpad", "fitness", "parents")
+
+
 def candidates(out: Path) -> list[tuple[Any, ...]]:
     """(id, operator, generation, status, deltas, scratchpad, fitness, parents) per
     candidate, in id order; parents from the lineage table in position order."""
@@ -182,8 +190,10 @@ def final_state_differences(out: Path, reference: Path) -> list[str]:
     ours_c = candidates(out) if (out / ARCHIVE).exists() else []
     theirs_c = candidates(reference)
     if ours_c != theirs_c:
-        problems.append(f"candidates differ: {len(ours_c)} rows vs {len(theirs_c)}, first difference at "
-                        f"{_first_difference(ours_c, theirs_c)}")
+        problems.append(f"candidates differ ({len(ours_c)} rows vs {len(theirs_c)}): " + "; ".join(
+            f"candidate {a[0]}: " + ", ".join(f"{field} {x!r:.200} vs {y!r:.200}"
+                                                for field, x, y in zip(CANDIDATE_FIELDS, a, b) if x != y)
+            for a, b in zip(ours_c, theirs_c) if a != b))
     return problems
 
 
@@ -194,17 +204,17 @@ class Reference:
 
 
 def kill_delays(seed: int, trials: int, seconds: float) -> list[float]:
-    """The kill moments: uniform over the whole run, reproducible from `seed`."""
+    """The kill moments, reproducible from `seed`: the run cut into `trials` equal slices
+    and one moment drawn uniformly in each, so they cover the whole run evenly (start-up,
+    every generation's evaluations and writes, the final plots) even for a few trials."""
     rng = random.Random(seed)
-    return [rng.uniform(0.0, seconds) for _ in range(trials)]
+    return [(i + rng.random()) * seconds / trials for i in range(trials)]
 
 
 # -- tests ---------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory) -> Path:
-    from tests.test_evolution_support import shared_dir
-
     return shared_dir(tmp_path_factory)
 
 
@@ -213,9 +223,6 @@ def reference(tmp_path_factory, shared, tiny_model_dir) -> Reference:
     """One uninterrupted subprocess run of the default config: the state every resumed
     run must reach, and its wall time, the window the kills are spread over. The
     clusters are built first, so the window is that of a run which finds them."""
-    from compressor_2.clusters.build import build_clusters
-    from tests.test_evolution_support import config_for, write_config
-
     work = tmp_path_factory.mktemp("fault_reference")
     build_clusters(config_for(work, shared, tiny_model_dir))
     code, seconds = run_to_completion(write_config(work, shared, tiny_model_dir), work / "evolve.log")
@@ -223,25 +230,28 @@ def reference(tmp_path_factory, shared, tiny_model_dir) -> Reference:
     return Reference(work / "out", seconds)
 
 
-def rerun_in_process(config_path: Path) -> None:
-    from compressor_2.config import load_config
-    from compressor_2.evolution.run import evolve
+@pytest.mark.slow
+def test_the_reference_is_the_shared_in_process_run(tmp_path_factory, shared, tiny_model_dir, reference):
+    """The resumes below run in this process; the subprocess reference must be what an
+    in-process run makes."""
+    assert not final_state_differences(default_run(tmp_path_factory, shared, tiny_model_dir), reference.out)
 
+
+def rerun_in_process(config_path: Path) -> None:
     evolve(load_config(config_path))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("trial", range(TRIALS))
 def test_sigkill_at_a_random_moment_then_resume(trial, tmp_path, shared, tiny_model_dir, reference):
-    from tests.test_evolution_support import write_config
-
     delay = kill_delays(SEED, TRIALS, reference.seconds)[trial]
     config_path = write_config(tmp_path, shared, tiny_model_dir)
     out = tmp_path / "out"
     code, when = kill_at(config_path, delay, tmp_path / "killed.log")
-    saved = (_read(out / STATE) or {}).get("generation") if (out / STATE).exists() else None
+    saved = (_read(out / STATE) or {}).get("generation")
     what = (f"seed {SEED} trial {trial}: SIGKILL at {when:.2f}s of a {reference.seconds:.2f}s run "
             f"(return code {code}, saved generation {saved})")
+    print(what)
     assert code in (-9, 0), what  # killed, or it ended before the kill was due
 
     problems = soundness_problems(out)
@@ -254,12 +264,10 @@ def test_sigkill_at_a_random_moment_then_resume(trial, tmp_path, shared, tiny_mo
 
 @pytest.mark.slow
 def test_resume_costs_nothing(tmp_path, shared, tiny_model_dir, reference):
-    from tests.test_evolution_support import write_config
-
     config_path = write_config(tmp_path, shared, tiny_model_dir)
     out = tmp_path / "out"
     code, seen = kill_once_saved(config_path, 1, tmp_path / "killed.log")
-    assert code == -9 and 1 <= seen < 4, (code, seen, (tmp_path / "killed.log").read_text())
+    assert code == -9 and 1 <= seen < DEFAULT_NGEN, (code, seen, (tmp_path / "killed.log").read_text())
     assert not soundness_problems(out)
 
     before, hits_before = evaluations(out), cache_hits(out)

@@ -10,6 +10,7 @@ goes to the archive's events and onto the last line printed.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import shlex
 import signal
@@ -64,6 +65,15 @@ class Run:
         n = len(self.examples if examples is None else examples)
         with answers_bar(len(genomes) * n, label) as bar:
             return self.evaluator.evaluate(genomes, bar.update, examples)
+
+    @functools.cached_property
+    def gold_tokens(self) -> dict[str, int]:
+        """Tokens of each training example's gold answer, with the model's tokenizer (what an
+        answer's `tokens` counts)."""
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(self.config.model_path)
+        return {ex.id: len(tokenizer(ex.gold, add_special_tokens=False)["input_ids"]) for ex in self.examples}
 
     def stop_reason(self) -> str | None:
         """Asked between steps: the first budget reached, if any."""

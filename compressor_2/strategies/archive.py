@@ -72,15 +72,14 @@ def run(run: Run) -> str:
     state = _load_state(out / STATE_FILE)
     start = state["iteration"] if state else 0
     if state and start >= options.iterations:
+        _restore_best(run)
         return f"all {options.iterations} iterations have run; raise CONFIG_ARCHIVE_ITERATIONS to go further"
     rng = random.Random(run.config.seed)
     archive = Archive(run, options, rng, load_history(out / HISTORY_FILE, before=start))
     if state:
         run.archive.rollback(state["last_candidate_id"], from_step=start)
         restore_rng(state["rng"], into=(rng, np.random.RandomState()))
-        best = run.archive.best()
-        if best is not None and best.id is not None:
-            run.best.member, run.best.fitness = Member(dict(best.deltas), best.scratchpad, best.id), best.fitness
+        _restore_best(run)
         _truncate_snapshots(out / SNAPSHOTS_FILE, start)
         say(f"resuming at iteration {start} of {options.iterations} from {out / STATE_FILE}")
     else:
@@ -187,7 +186,7 @@ class Archive:
 
         self.run, self.options, self.rng, self.history = run, options, rng, history
         self.generation_pool = ThreadPoolExecutor(options.generation_concurrency, thread_name_prefix="generator")
-        self.gold_tokens = _gold_tokens(run)
+        self.gold_tokens = run.gold_tokens
         self._records: dict[int, Evaluation] = {}
 
     # -- the archive's members ----------------------------------------------------------
@@ -458,6 +457,13 @@ GENERATORS: dict[str, Callable[[Archive, Job], Proposal | None]] = {
 
 # -- helpers --------------------------------------------------------------------------------
 
+def _restore_best(run: Run) -> None:
+    """The best-ever is the archive's fittest kept candidate."""
+    best = run.archive.best()
+    if best is not None and best.id is not None:
+        run.best.member, run.best.fitness = Member(dict(best.deltas), best.scratchpad, best.id), best.fitness
+
+
 def _options(config: Config) -> ArchiveOptions:
     if config.archive is None:
         raise ConfigError("CONFIG_STRATEGY_ARCHIVE=y is needed for the archive strategy's options")
@@ -466,14 +472,6 @@ def _options(config: Config) -> ArchiveOptions:
 
 def _label(cid: int) -> str:
     return f"c{cid}"
-
-
-def _gold_tokens(run: Run) -> dict[str, int]:
-    """Tokens of each gold answer, with the model's tokenizer (what `tokens` counts)."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(run.config.model_path)
-    return {ex.id: len(tokenizer(ex.gold, add_special_tokens=False)["input_ids"]) for ex in run.examples}
 
 
 def _capture(rng: random.Random) -> dict[str, Any]:

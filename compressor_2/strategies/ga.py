@@ -69,6 +69,8 @@ def run(run: Run) -> str:
     saved = load_state(out / STATE_FILE, ids, config.population_size)
     start = saved.generation if saved else 0
     if saved and start >= config.ngen:
+        run.best.member, run.best.fitness = saved.best_individual, saved.best_fitness
+        finish_outputs(run, config.ngen)
         return f"all {config.ngen} generations have run; raise CONFIG_NGEN to evolve further"
     # Seed 000 §8: rr_idx is restored before mutate is registered.
     rr_state = RRState(list(ids), saved.rr_idx if saved else 0)
@@ -101,6 +103,22 @@ def run(run: Run) -> str:
         raise
     ga.stop(config.ngen, population, reason := f"all {config.ngen} generations ran")
     return reason
+
+
+def finish_outputs(run: Run, ngen: int) -> None:
+    """A run killed after its last state was saved but before its last outputs were: the
+    history gets its stop reason and the plots and tree are drawn again."""
+    out = run.out
+    history = load_history(out / HISTORY_FILE, before=ngen + 1)
+    if not history or "stop_reason" in history[-1]:
+        return
+    history[-1]["stop_reason"] = f"all {ngen} generations ran"
+    save_history(out / HISTORY_FILE, history)
+    plot_fitness(history, out / FITNESS_PLOT)
+    plot_lengths(history, out / LENGTHS_PLOT)
+    tree = EvolutionTree.from_archive(run.archive)
+    tree.save(out / TREE_FILE)
+    tree.render(out / TREE_PLOT)
 
 
 def generation(ga: GA, g: int, population: list[Individual]) -> list[Individual]:

@@ -1,0 +1,139 @@
+"""The run archive's cost: its share of a defconfig run's wall time, and its two hot
+operations timed directly.
+
+1. `evolve` in this process on the repository's `defconfig` (the shipped demo model,
+   population 8, 60 training examples, the local reflector), shortened to
+   CONFIG_NGEN=4 and writing to a temporary CONFIG_OUTPUT_DIR; the clusters are built
+   in (or reused from) outputs/clusters as `make run` does. `RunArchive.seconds` adds up
+   the time spent inside the archive's methods (every transaction and query; not the
+   wait for its lock, which is another thread's time inside it, already counted);
+   `RunArchive.open` is wrapped here to keep the run's instance and to add the time of
+   opening and closing the file (schema, WAL checkpoint). Target: the archive takes at
+   most 2% of the run's wall time (exit code 1 above).
+2. On a scratch database, one generation's worth of answers at a time (8 genomes x 60
+   examples, answers of the demo's length): `store` of the 480 fresh answers in one
+   transaction, and the `cached` look-up of the same 8 genomes x 60 examples, per
+   call, as the table grows to 50 generations (24,000 rows): median and slowest.
+
+Run: .venv/bin/python benchmarks/bench_archive.py
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from compressor_2.archive import database  # noqa: E402
+from compressor_2.archive.database import Answer, RunArchive, genome_key  # noqa: E402
+
+NGEN = 4
+TARGET = 0.02
+GENOMES, EXAMPLES, GENERATIONS = 8, 60, 50
+CLUSTERS = 12  # the defconfig's cluster count
+
+
+def defconfig_run(tmp: Path) -> tuple[float, float, float, int, int]:
+    """(seconds inside the archive's methods, seconds opening and closing it, the run's
+    wall seconds, evaluations rows, candidates) of a shortened defconfig run."""
+    from compressor_2.config import load_config
+    from compressor_2.evolution.run import evolve
+
+    lines = [line for line in (REPO / "defconfig").read_text().splitlines()
+             if not line.startswith(("CONFIG_NGEN=", "CONFIG_OUTPUT_DIR="))]
+    config_path = tmp / "bench.config"
+    config_path.write_text("\n".join([*lines, f"CONFIG_NGEN={NGEN}", f'CONFIG_OUTPUT_DIR="{tmp / "run"}"']) + "\n")
+
+    opened: list[RunArchive] = []
+    open_close = [0.0]
+    original = RunArchive.open.__func__  # type: ignore[attr-defined]
+
+    def keep(cls: type[RunArchive], path: Path) -> RunArchive:
+        started = time.perf_counter()
+        archive = original(cls, path)
+        open_close[0] += time.perf_counter() - started
+        opened.append(archive)
+        close = archive.close
+
+        def timed_close() -> None:
+            started = time.perf_counter()
+            close()
+            open_close[0] += time.perf_counter() - started
+
+        archive.close = timed_close  # type: ignore[method-assign]
+        return archive
+
+    database.RunArchive.open = classmethod(keep)  # type: ignore[method-assign, assignment]
+    try:
+        started = time.perf_counter()
+        evolve(load_config(config_path))
+        wall = time.perf_counter() - started
+    finally:
+        database.RunArchive.open = classmethod(original)  # type: ignore[method-assign, assignment]
+    assert len(opened) == 1, f"expected one archive, the run opened {len(opened)}"
+    check = RunArchive.open_read_only(tmp / "run" / database.ARCHIVE_FILE)
+    rows, candidates = check.metric_calls(), len(check.candidates())
+    check.close()
+    return opened[0].seconds, open_close[0], wall, rows, candidates
+
+
+def hot_operations(tmp: Path) -> tuple[list[float], list[float]]:
+    """Seconds per `store` and per `cached` call, one generation's answers each."""
+    rng = random.Random(0)
+    archive = RunArchive.open(tmp / "scratch.sqlite")
+    context = "c" * 24
+    examples = [f"demo-{i:04d}#{rng.getrandbits(64):016x}" for i in range(EXAMPLES)]
+    stores, lookups = [], []
+    for _ in range(GENERATIONS):
+        genomes = [genome_key([round(rng.gauss(0, 1), 4) for _ in range(CLUSTERS)]) for _ in range(GENOMES)]
+        answers = {(g, e): Answer("The revenue was $39,116 million in FY2022." * rng.randint(1, 3),
+                                  rng.randint(5, 90), rng.random() < 0.8, "numeric: 39116 matches 39116")
+                   for g in genomes for e in examples}
+        started = time.perf_counter()
+        archive.store(answers, context, cache_hits=0)
+        stores.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        found = archive.cached(genomes, examples, context)
+        lookups.append(time.perf_counter() - started)
+        assert len(found) == GENOMES * EXAMPLES
+    archive.close()
+    return stores, lookups
+
+
+def main() -> int:
+    os.chdir(REPO)  # the defconfig's paths are relative to the repository
+    with tempfile.TemporaryDirectory(prefix="bench_archive_") as name:
+        tmp = Path(name)
+        stores, lookups = hot_operations(tmp)
+        methods_s, open_close_s, wall_s, rows, candidates = defconfig_run(tmp)
+
+    n = GENOMES * EXAMPLES
+    print(f"\n1. defconfig, CONFIG_NGEN={NGEN} (population 8, 60 training examples), in process")
+    print(f"   run wall time          {wall_s:8.2f} s  ({rows} answers generated, {candidates} candidates)")
+    print(f"   inside its methods     {methods_s:8.3f} s  (RunArchive.seconds)")
+    print(f"   opening and closing    {open_close_s:8.3f} s")
+    share = (methods_s + open_close_s) / wall_s
+    print(f"   RATIO archive / run: {share:.2%} (target at most {TARGET:.0%})")
+
+    print(f"\n2. scratch database, {GENOMES} genomes x {EXAMPLES} examples = {n} answers a call, "
+          f"{GENERATIONS} generations (up to {GENERATIONS * n:,} rows)")
+    for label, times in (("store (one transaction)", stores), ("cached (look-up)", lookups)):
+        median = statistics.median(times)
+        print(f"   {label:<24} median {1e3 * median:6.2f} ms a call ({1e6 * median / n:5.1f} us an answer), "
+              f"slowest {1e3 * max(times):6.2f} ms")
+    return 0 if share <= TARGET else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
