@@ -51,6 +51,26 @@ class ArchiveOptions:
     delta_limit: float
 
 
+@dataclass(frozen=True)
+class GepaOptions:
+    """Seed 004's options (CONFIG_GEPA_*)."""
+
+    valset_size: int
+    valset_indices: str  # "" or pool positions such as "0-9,20"
+    minibatch_size: int
+    candidate_selector: str
+    epsilon: float
+    skip_perfect: bool
+    component_selector: str
+    use_merge: bool
+    max_merge_invocations: int
+    merge_eps: float
+    merge_subsample: int
+    val_overlap_floor: int
+
+
+CANDIDATE_SELECTORS = ("pareto", "current_best", "epsilon_greedy")
+COMPONENT_SELECTORS = ("round_robin", "all")
 ISSUE_TYPES = ("cut_short", "wrong", "padded", "refusal")
 ARCHIVE_GENERATORS = ("cluster", "vector", "crossover")
 FEEDBACK_SCOPES = ("none", "ancestors", "neighborhood")
@@ -114,6 +134,7 @@ class Config:
     max_reflector_tokens: int
     max_wall_minutes: float
     archive: ArchiveOptions | None  # with strategy "archive"
+    gepa: GepaOptions | None  # with strategy "gepa"
     # Genetic algorithm
     seed: int
     population_size: int
@@ -134,9 +155,11 @@ class Config:
 
     def summary(self) -> str:
         """The resolved settings, one `name = value` a line, for `check-config`."""
-        pairs = [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "archive"]
-        if self.archive is not None:
-            pairs += [(f"archive.{f.name}", getattr(self.archive, f.name)) for f in dataclasses.fields(self.archive)]
+        nested = {"archive": self.archive, "gepa": self.gepa}
+        pairs = [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.name not in nested]
+        for name, options in nested.items():
+            if options is not None:
+                pairs += [(f"{name}.{f.name}", getattr(options, f.name)) for f in dataclasses.fields(options)]
         width = max(len(name) for name, _ in pairs)
         return "\n".join(f"{name.ljust(width)} = {_show(value)}" for name, value in pairs)
 
@@ -398,6 +421,7 @@ def _build(r: _Reader) -> Config:
         max_reflector_tokens=r.integer("MAX_REFLECTOR_TOKENS"),
         max_wall_minutes=wall_minutes,
         archive=_archive_options(r) if r.choice_suffix("STRATEGY_") == "archive" else None,
+        gepa=_gepa_options(r, r.integer("MAX_METRIC_CALLS")) if r.choice_suffix("STRATEGY_") == "gepa" else None,
         seed=r.integer("SEED"),
         population_size=population,
         ngen=ngen,
@@ -484,4 +508,29 @@ def _archive_options(r: _Reader) -> ArchiveOptions:
         postcheck_examples=r.integer("ARCHIVE_POSTCHECK_EXAMPLES"),
         postcheck_margin=at_least("ARCHIVE_POSTCHECK_MARGIN", 0),
         delta_limit=at_least("ARCHIVE_DELTA_LIMIT", 0, strict=True),
+    )
+
+
+def _gepa_options(r: _Reader, max_metric_calls: int) -> GepaOptions:
+    _require(max_metric_calls > 0, "CONFIG_STRATEGY_GEPA needs CONFIG_MAX_METRIC_CALLS > 0: the metric-call "
+             "budget is GEPA's natural stopping criterion")
+    indices = r.string("GEPA_VALSET_INDICES").strip()
+    _require(indices == "" or re.fullmatch(r"\d+(-\d+)?(\s*,\s*\d+(-\d+)?)*", indices) is not None,
+             f"CONFIG_GEPA_VALSET_INDICES={indices!r} must be empty or pool positions such as '0-9,20'")
+    selector = r.string("GEPA_CANDIDATE_SELECTOR").strip()
+    _require(selector in CANDIDATE_SELECTORS, f"CONFIG_GEPA_CANDIDATE_SELECTOR={selector!r} is unknown; use one "
+             f"of {', '.join(CANDIDATE_SELECTORS)}")
+    component = r.string("GEPA_COMPONENT_SELECTOR").strip()
+    _require(component in COMPONENT_SELECTORS, f"CONFIG_GEPA_COMPONENT_SELECTOR={component!r} is unknown; use "
+             f"one of {', '.join(COMPONENT_SELECTORS)}")
+    epsilon = r.number("GEPA_EPSILON")
+    _require(0 <= epsilon <= 1, f"CONFIG_GEPA_EPSILON={epsilon} must be in [0, 1]")
+    eps = r.number("GEPA_MERGE_EPS")
+    _require(eps >= 0, f"CONFIG_GEPA_MERGE_EPS={eps} must be >= 0")
+    return GepaOptions(
+        valset_size=r.integer("GEPA_VALSET_SIZE"), valset_indices=indices,
+        minibatch_size=r.integer("GEPA_MINIBATCH_SIZE"), candidate_selector=selector, epsilon=epsilon,
+        skip_perfect=r.flag("GEPA_SKIP_PERFECT"), component_selector=component, use_merge=r.flag("GEPA_USE_MERGE"),
+        max_merge_invocations=r.integer("GEPA_MAX_MERGE_INVOCATIONS"), merge_eps=eps,
+        merge_subsample=r.integer("GEPA_MERGE_SUBSAMPLE"), val_overlap_floor=r.integer("GEPA_VAL_OVERLAP_FLOOR"),
     )

@@ -26,9 +26,32 @@ SHOWN = 20  # archive members and feedback entries listed in the summary
 def run_show(config: Config, candidate_id: int | None) -> None:
     archive = RunArchive.open_read_only(config.output_dir / ARCHIVE_FILE)
     try:
-        print(summary(archive) if candidate_id is None else candidate_report(config, archive, candidate_id))
+        if candidate_id is None:
+            print(summary(archive) + front_and_merges(config, archive))
+        else:
+            print(candidate_report(config, archive, candidate_id))
     finally:
         archive.close()
+
+
+def front_and_merges(config: Config, archive: RunArchive) -> str:
+    """GEPA's Pareto front (pareto_front.json) and its merges; empty for other strategies."""
+    lines = []
+    front_path = config.output_dir / "pareto_front.json"
+    if front_path.is_file():
+        import json
+
+        front = json.loads(front_path.read_text(encoding="utf-8"))
+        lines += ["", f"Pareto front over {len(front)} valset examples (best score: candidates there):"]
+        lines += [f"  {example}  {entry['score']:.4f}: {', '.join(f'#{c}' for c in entry['candidates'])}"
+                  for example, entry in front.items()]
+    merges = archive.merges()
+    if merges:
+        lines += ["", f"merges ({sum(m[5] for m in merges)} kept of {len(merges)} tested):"]
+        lines += [f"  #{c}: #{a} + #{b} over ancestor #{anc}, components from "
+                  f"{', '.join(f'#{s}' for s in sources)}: {'kept' if kept else 'rejected'}"
+                  for c, a, b, anc, sources, kept in merges]
+    return "\n".join(lines)
 
 
 def describe(c: Candidate) -> str:

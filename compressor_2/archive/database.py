@@ -11,6 +11,8 @@ Tables:
 - `reflector_calls`: kind, candidate, tokens, latency and verdict of every attempt;
 - `selections`, `selection_rounds`: seed 002's selections per generation (candidate,
   category, reasoning) and the round's summary, or why it fell back;
+- `merges`: seed 004's merges: the two descendants, their common ancestor, which of them
+  each component came from, and whether the merge was kept;
 - `feedback`: seed 003's memory, one entry per assessed or rejected proposal: parent,
   generator, change summary, observed outcome;
 - `events`: starts, resumes, interruptions and stop reasons;
@@ -117,6 +119,14 @@ CREATE TABLE IF NOT EXISTS feedback (
     generator TEXT NOT NULL,
     change TEXT NOT NULL,
     outcome TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS merges (
+    candidate INTEGER PRIMARY KEY,
+    first INTEGER NOT NULL,
+    second INTEGER NOT NULL,
+    ancestor INTEGER NOT NULL,
+    sources TEXT NOT NULL,
+    accepted INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY,
@@ -352,6 +362,7 @@ class RunArchive:
             db.execute("DELETE FROM selections WHERE generation >= ?", (from_step,))
             db.execute("DELETE FROM selection_rounds WHERE generation >= ?", (from_step,))
             db.execute("DELETE FROM feedback WHERE candidate > ?", (last_candidate,))
+            db.execute("DELETE FROM merges WHERE candidate > ?", (last_candidate,))
             db.execute("DELETE FROM lineage WHERE child > ?", (last_candidate,))
             return db.execute("DELETE FROM candidates WHERE id > ?", (last_candidate,)).rowcount
 
@@ -386,6 +397,20 @@ class RunArchive:
                            "ORDER BY candidate")
         wanted = None if parents is None else set(parents)
         return [tuple(r) for r in rows if wanted is None or r[1] in wanted]  # type: ignore[misc]
+
+    # -- merges (seed 004) ------------------------------------------------------------------
+
+    def record_merge(self, candidate: int, first: int, second: int, ancestor: int, sources: Sequence[int],
+                     accepted: bool) -> None:
+        with self._transaction() as db:
+            db.execute("INSERT OR REPLACE INTO merges (candidate, first, second, ancestor, sources, accepted) "
+                       "VALUES (?, ?, ?, ?, ?, ?)", (candidate, first, second, ancestor, json.dumps(list(sources)),
+                                                     int(accepted)))
+
+    def merges(self) -> list[tuple[int, int, int, int, tuple[int, ...], bool]]:
+        """(candidate, first, second, ancestor, component sources, accepted), oldest first."""
+        return [(c, f, s, a, tuple(json.loads(src)), bool(acc)) for c, f, s, a, src, acc in self._query(
+            "SELECT candidate, first, second, ancestor, sources, accepted FROM merges ORDER BY candidate")]
 
     # -- the evaluation cache ---------------------------------------------------------------
 

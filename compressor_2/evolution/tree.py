@@ -4,7 +4,8 @@ Nodes: `g{g}_pop{i}` (population member i at the start of generation g),
 `g{g}_child{j}_pre` (offspring j after crossover or cloning, evaluated) and
 `g{g}_child{j}_mut` (the same offspring after a mutation that changed it). An archive
 strategy places each kept candidate once, `c{id}` (stage "cand", in the column of the
-iteration that made it), with edges from its parents wherever they stand.
+iteration that made it), with edges from its parents wherever they stand; a GEPA merge
+also gets a dashed "ancestor" edge from the common ancestor it was merged over.
 With LLM selection (seed 002) a population node the selector chose carries `selected`
 (its category) and `reasoning`, and is drawn with a ring in its category's colour.
 Edges: "parent" (pop -> pre; two for a crossover, one for a clone), "mutation"
@@ -28,7 +29,8 @@ from compressor_2.evolution.plots import plt, save_figure
 
 TREE_FILE = "tree.json"
 STAGE_X = {"pop": 0, "pre": 1, "mut": 2, "cand": 1}
-EDGE_STYLE = {"parent": ("#555555", "solid"), "mutation": ("#1f77b4", "solid"), "carry": ("#aaaaaa", "dotted")}
+EDGE_STYLE = {"parent": ("#555555", "solid"), "mutation": ("#1f77b4", "solid"), "carry": ("#aaaaaa", "dotted"),
+              "ancestor": ("#2ca02c", "dashed")}
 MAX_LABELLED_NODES = 600
 SELECTED_STYLE = {"performance": "#d62728", "diversity": "#9467bd", "potential": "#ff7f0e"}  # ring colours
 
@@ -77,6 +79,10 @@ class EvolutionTree:
                     if parent in by_candidate:
                         graph.add_edge(by_candidate[parent], label, kind=kind)
                 continue
+        for cid, _, _, ancestor, _, _ in archive.merges():  # seed 004: a merge's common ancestor
+            if cid in by_candidate and ancestor in by_candidate:
+                graph.nodes[by_candidate[cid]]["merge_ancestor"] = ancestor
+                graph.add_edge(by_candidate[ancestor], by_candidate[cid], kind="ancestor")
             if stage == "pop":
                 source = _latest(placed.get((generation - 1, cid), []))
                 if source is not None:

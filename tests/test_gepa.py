@@ -1,0 +1,183 @@
+"""Seed 004's GEPA proposers: the Pareto arithmetic on hand-built states checked against
+values worked out by hand, then the strategy end to end on the tiny model (budget,
+resume, outputs)."""
+
+from __future__ import annotations
+
+import json
+import random
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from compressor_2.cli import main
+from compressor_2.errors import ConfigError
+from compressor_2.evolution.pareto import (
+    EpochSampler, find_merge_triplet, has_desirable_component, is_dominated, merge_accepted, merge_components,
+    mutation_accepted, pareto_front, remove_dominated, select_from_front, stratified_subsample,
+)
+from compressor_2.evolution.run import evolve
+from tests.test_evolution_support import config_for, read_json
+
+# Three candidates on four examples: 1 leads a, 2 leads b, 3 ties 2 on c and leads d.
+SCORES = {1: {"a": 0.9, "b": 0.1, "c": 0.5, "d": 0.2},
+          2: {"a": 0.5, "b": 0.8, "c": 0.7, "d": 0.2},
+          3: {"a": 0.4, "b": 0.3, "c": 0.7, "d": 0.6}}
+
+
+def test_the_front_keeps_each_examples_best_score_and_its_holders():
+    front = pareto_front(SCORES)
+    assert front == {"a": (0.9, {1}), "b": (0.8, {2}), "c": (0.7, {2, 3}), "d": (0.6, {3})}
+    # A fourth candidate that ties 3 on d joins that front; a better one replaces it.
+    assert pareto_front({**SCORES, 4: {"a": 0, "b": 0, "c": 0, "d": 0.6}})["d"] == (0.6, {3, 4})
+    assert pareto_front({**SCORES, 4: {"a": 0, "b": 0, "c": 0, "d": 0.65}})["d"] == (0.65, {4})
+
+
+def test_domination_and_dominator_removal():
+    fronts = [{1}, {2}, {2, 3}, {3}]
+    assert not is_dominated(3, {1, 2, 3}, fronts)  # alone on d
+    assert is_dominated(3, {1, 2, 3}, [{1}, {2}, {2, 3}])  # every front it is on has 2 too
+    assert remove_dominated([{1}, {2}, {2, 3}], {1: 0.4, 2: 0.55, 3: 0.5}) == {1, 2}
+    # Lowest aggregate first: of two candidates always tied, the weaker goes, the other stays.
+    assert remove_dominated([{5, 6}, {5, 6}], {5: 0.2, 6: 0.3}) == {6}
+
+
+def test_pareto_selection_draws_in_proportion_to_fronts_led():
+    fronts = [{1}, {2}, {2}, {2}]
+    rng = random.Random(0)
+    drawn = [select_from_front(fronts, {1: 0.5, 2: 0.6}, rng) for _ in range(400)]
+    assert 0.15 < drawn.count(1) / 400 < 0.35  # 1 of 4 fronts
+
+
+def test_the_epoch_sampler_covers_every_id_once_per_epoch():
+    sampler, rng = EpochSampler([f"e{i}" for i in range(7)], 3), random.Random(1)
+    first, second = sampler.next(rng), sampler.next(rng)
+    assert sampler.epoch == 0 and len(set(first + second)) == 6
+    third = sampler.next(rng)  # one id left over: a new epoch starts
+    assert sampler.epoch == 1 and len(third) == 3 and sampler.position == 3
+    state = dict(ids=sampler.ids, size=3, epoch=sampler.epoch, order=list(sampler.order), position=3)
+    assert EpochSampler(**state).next(random.Random(5)) == sampler.next(random.Random(9))  # resumes mid-epoch
+
+
+EPS = 1e-6
+
+
+def test_the_three_merge_rules_with_eps():
+    ancestor = [0.0, 1.0, 2.0, 3.0]
+    a = [0.0 + 1e-9, 5.0, 7.0, 3.0]  # kept 0 (within eps), changed 1, changed 2, kept 3
+    b = [4.0, 1.0, 8.0, 3.0]  # changed 0, kept 1, changed 2, kept 3
+    merged, sources = merge_components(ancestor, a, b, 0.6, 0.5, (10, 20), EPS, random.Random(0))
+    # 0: only B changed -> B; 1: only A changed -> A; 2: both changed -> the higher scorer A; 3: same -> A.
+    assert merged == [4.0, 5.0, 7.0, 3.0] and sources == (20, 10, 10, 10)
+    merged, sources = merge_components(ancestor, a, b, 0.4, 0.5, (10, 20), EPS, random.Random(0))
+    assert merged[2] == 8.0 and sources[2] == 20
+    # A tie draws: both outcomes happen over seeds.
+    drawn = {merge_components(ancestor, a, b, 0.5, 0.5, (10, 20), EPS, random.Random(s))[1][2] for s in range(20)}
+    assert drawn == {10, 20}
+    assert has_desirable_component(ancestor, a, b, EPS)
+    assert not has_desirable_component(ancestor, [9.0] * 4, [8.0] * 4, EPS)  # both changed everything
+
+
+def test_common_ancestor_search():
+    # 1 -> 2 -> 4, 1 -> 3; 5 unrelated. 2 and 3 share ancestor 1; 4 descends from 2.
+    parents = {2: {1}, 3: {1}, 4: {2}}
+
+    def ancestors(c: int) -> set[int]:
+        found, todo = set(), list(parents.get(c, ()))
+        while todo:
+            p = todo.pop()
+            found.add(p)
+            todo += parents.get(p, ())
+        return found
+
+    aggregate = {1: 0.5, 2: 0.6, 3: 0.7, 4: 0.8, 5: 0.9}
+    genomes = {1: [0.0, 0.0], 2: [1.0, 0.0], 3: [0.0, 1.0], 4: [1.0, 0.5], 5: [3.0, 3.0]}
+    rng = random.Random(0)
+    assert find_merge_triplet([2, 3], ancestors, aggregate, genomes, set(), EPS, rng) == (2, 3, 1)
+    assert find_merge_triplet([2, 4], ancestors, aggregate, genomes, set(), EPS, rng) is None  # 4 descends from 2
+    assert find_merge_triplet([3, 5], ancestors, aggregate, genomes, set(), EPS, rng) is None  # no common ancestor
+    assert find_merge_triplet([2, 3], ancestors, aggregate, genomes, {(2, 3, 1)}, EPS, rng) is None  # tried
+    assert find_merge_triplet([2, 3], ancestors, {**aggregate, 1: 0.65}, genomes, set(), EPS, rng) is None
+    same_as_ancestor = {**genomes, 2: [0.0, 0.0], 3: [0.0, 0.0]}
+    assert find_merge_triplet([2, 3], ancestors, aggregate, same_as_ancestor, set(), EPS, rng) is None
+
+
+def test_the_stratified_subsample():
+    a = {"w1": 1.0, "w2": 1.0, "w3": 1.0, "l1": 0.0, "l2": 0.0, "t1": 0.5, "t2": 0.5, "t3": 0.5}
+    b = {"w1": 0.0, "w2": 0.0, "w3": 0.0, "l1": 1.0, "l2": 1.0, "t1": 0.5, "t2": 0.5, "t3": 0.5, "x": 1.0}
+    chosen = stratified_subsample(a, b, 5, random.Random(0))
+    assert len(chosen) == 5 and len(set(chosen)) == 5 and "x" not in chosen
+    assert sum(e.startswith("w") for e in chosen) == 2 and sum(e.startswith("l") for e in chosen) == 2
+    assert stratified_subsample({"a": 1.0}, {"a": 0.0}, 5, random.Random(0)) == ["a"]
+
+
+def test_both_acceptance_rules():
+    assert mutation_accepted([0.5, 0.5], [0.6, 0.5]) and not mutation_accepted([0.5, 0.5], [0.5, 0.5])
+    assert merge_accepted([0.5, 0.5], [0.4, 0.6], [0.5, 0.4])  # equal to the better parent: kept
+    assert not merge_accepted([0.5, 0.49], [0.4, 0.6], [0.5, 0.4])
+
+
+# -- end to end -----------------------------------------------------------------------------
+
+GEPA = {"STRATEGY_GEPA": "y", "MAX_METRIC_CALLS": "30", "GEPA_VALSET_SIZE": "2", "GEPA_MINIBATCH_SIZE": "1",
+        "GEPA_VAL_OVERLAP_FLOOR": "1", "GEPA_MERGE_SUBSAMPLE": "2"}
+
+
+def table(out: Path, sql: str) -> list[tuple]:
+    with sqlite3.connect(out / "run.sqlite") as db:
+        return db.execute(sql).fetchall()
+
+
+@pytest.mark.slow
+def test_an_offline_gepa_run_to_its_budget(tmp_path, shared, tiny_model_dir, capsys):
+    config = config_for(tmp_path, shared, tiny_model_dir, **GEPA)
+    evolve(config)
+    out = config.output_dir
+    calls = table(out, "SELECT count(*) FROM evaluations")[0][0]
+    history = read_json(out / "history.json")
+    assert history[-1]["stop_reason"] == f"CONFIG_MAX_METRIC_CALLS=30 reached ({calls} metric calls)"
+    assert calls >= 30 and history[-1]["metric_calls"] == calls
+    # Budget accounting: the seed on the valset, then per iteration only fresh answers count.
+    assert history[0]["metric_calls"] <= 2 + 2 * 1 + 2
+    state = read_json(out / "gepa_state.json")
+    assert len(state["valset"]) == 2 and len(state["sampler"]["ids"]) == 1
+    front = read_json(out / "pareto_front.json")
+    assert set(front) == set(state["valset"]) and all(set(e["candidates"]) <= set(state["pool"]) for e in front.values())
+    kept = table(out, "SELECT id FROM candidates WHERE status = 'evaluated'")
+    assert sorted(state["pool"]) == sorted(c for (c,) in kept)
+    for h in history:
+        assert h["proposer"] in {"reflective", "merge"}
+        if "after" in h and h["proposer"] == "reflective":
+            assert h["accepted"] == (h["after"] > h["before"])
+    for png in ("gepa_progress.png", "evolution_tree.png", "fitness_vs_generation.png"):
+        assert (out / png).exists()
+    capsys.readouterr()
+    assert main(["show", "--config", str(tmp_path / "test.config")]) == 0
+    assert "Pareto front over 2 valset examples" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_resumed_gepa_run_ends_where_an_uninterrupted_one_does(tmp_path, shared, tiny_model_dir):
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    whole.mkdir()
+    split.mkdir()
+    evolve(config_for(whole, shared, tiny_model_dir, **GEPA))
+    evolve(config_for(split, shared, tiny_model_dir, **{**GEPA, "MAX_METRIC_CALLS": "12"}))
+    evolve(config_for(split, shared, tiny_model_dir, **GEPA))
+    a, b = read_json(whole / "out" / "gepa_state.json"), read_json(split / "out" / "gepa_state.json")
+    assert a == b
+    for sql in ("SELECT id, operator, deltas, status, note, fitness FROM candidates ORDER BY id",
+                "SELECT * FROM merges ORDER BY candidate"):
+        assert table(whole / "out", sql) == table(split / "out", sql), sql
+
+
+def test_a_pool_too_small_for_the_split_is_a_config_error(tmp_path, shared, tiny_model_dir):
+    config = config_for(tmp_path, shared, tiny_model_dir, **{**GEPA, "GEPA_VALSET_SIZE": "3"})
+    with pytest.raises(ConfigError, match="a pool of 3 examples is too small for a valset of 3"):
+        evolve(config)
+
+
+def test_gepa_needs_a_metric_call_budget(tmp_path, shared, tiny_model_dir):
+    with pytest.raises(ConfigError, match="CONFIG_STRATEGY_GEPA needs CONFIG_MAX_METRIC_CALLS > 0"):
+        config_for(tmp_path, shared, tiny_model_dir, **{**GEPA, "MAX_METRIC_CALLS": "0"})
