@@ -181,3 +181,21 @@ def test_a_pool_too_small_for_the_split_is_a_config_error(tmp_path, shared, tiny
 def test_gepa_needs_a_metric_call_budget(tmp_path, shared, tiny_model_dir):
     with pytest.raises(ConfigError, match="CONFIG_STRATEGY_GEPA needs CONFIG_MAX_METRIC_CALLS > 0"):
         config_for(tmp_path, shared, tiny_model_dir, **{**GEPA, "MAX_METRIC_CALLS": "0"})
+
+
+def test_the_tree_marks_a_merges_ancestor(tmp_path):
+    from compressor_2.archive.database import Candidate, RunArchive
+    from compressor_2.evolution.tree import EvolutionTree
+
+    archive = RunArchive.open(tmp_path / "run.sqlite")
+    made = archive.add([Candidate({"0": x}, "", op, parents, "gepa", g, fitness=0.5)
+                        for x, op, parents, g in [(0.0, "initial", (), 0), (1.0, "mutation", (1,), 1),
+                                                  (2.0, "mutation", (1,), 2), (3.0, "merge", (2, 3), 3)]])
+    archive.place([(f"c{c.id}", c.id, c.generation, "cand", 0) for c in made], 0)
+    archive.record_merge(4, 2, 3, 1, (2, 3), True)
+    graph = EvolutionTree.from_archive(archive).graph
+    assert {(u, v, d["kind"]) for u, v, d in graph.edges(data=True)} == {
+        ("c1", "c2", "mutation"), ("c1", "c3", "mutation"), ("c2", "c4", "parent"), ("c3", "c4", "parent"),
+        ("c1", "c4", "ancestor")}
+    assert graph.nodes["c4"]["merge_ancestor"] == 1
+    archive.close()

@@ -79,10 +79,6 @@ class EvolutionTree:
                     if parent in by_candidate:
                         graph.add_edge(by_candidate[parent], label, kind=kind)
                 continue
-        for cid, _, _, ancestor, _, _ in archive.merges():  # seed 004: a merge's common ancestor
-            if cid in by_candidate and ancestor in by_candidate:
-                graph.nodes[by_candidate[cid]]["merge_ancestor"] = ancestor
-                graph.add_edge(by_candidate[ancestor], by_candidate[cid], kind="ancestor")
             if stage == "pop":
                 source = _latest(placed.get((generation - 1, cid), []))
                 if source is not None:
@@ -94,6 +90,10 @@ class EvolutionTree:
                 for parent_stage, parent_label in placed.get((generation, parent), []):
                     if parent_stage == wanted:
                         graph.add_edge(parent_label, label, kind=kind)
+        for cid, _, _, ancestor, _, _ in archive.merges():  # seed 004: a merge's common ancestor
+            if cid in by_candidate and ancestor in by_candidate:
+                graph.nodes[by_candidate[cid]]["merge_ancestor"] = ancestor
+                graph.add_edge(by_candidate[ancestor], by_candidate[cid], kind="ancestor")
         return cls(graph)
 
     def save(self, path: Path) -> None:
