@@ -152,7 +152,8 @@ def test_an_offline_gepa_run_to_its_budget(tmp_path, shared, tiny_model_dir, cap
     state = read_json(out / "gepa_state.json")
     assert len(state["valset"]) == 2 and len(state["sampler"]["ids"]) == 1
     front = read_json(out / "pareto_front.json")
-    assert set(front) == set(state["valset"]) and all(set(e["candidates"]) <= set(state["pool"]) for e in front.values())
+    assert set(front) == set(state["valset"])
+    assert all(set(e["candidates"]) <= set(state["pool"]) for e in front.values())
     kept = table(out, "SELECT id FROM candidates WHERE status = 'evaluated'")
     assert sorted(state["pool"]) == sorted(c for (c,) in kept)
     for h in history:

@@ -13,7 +13,6 @@ import numpy as np
 
 from compressor_2.fitness import Record
 
-ISSUE_TYPES = ("cut_short", "wrong", "padded", "refusal")
 PADDED_RATIO = 2.0  # correct, but at least this many times the gold answer's tokens
 _REFUSAL = ("cannot", "can't", "unable", "not possible", "no information", "not provided", "not available",
             "i don't know", "insufficient")

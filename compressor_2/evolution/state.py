@@ -134,3 +134,29 @@ def _parse(raw: dict[str, Any], path: Path, cluster_ids: Sequence[str]) -> Evolu
     return EvolutionState(generation, population,
                           member(best, "best_individual") if best is not None else None,
                           float(best_fitness) if best_fitness is not None else None, rr_idx, rng, last)
+
+
+def capture_rng_of(rng: random.Random) -> dict[str, Any]:
+    """A strategy's own RNG in `restore_rng`'s format (its numpy part is the global one)."""
+    version, internal, gauss = rng.getstate()
+    return {**capture_rng(), "random": [version, list(internal), gauss]}
+
+
+def load_strategy_state(path: Path, keys: Sequence[str]) -> dict[str, Any] | None:
+    """A strategy's state file (JSON with `rng`, an integer `iteration` and
+    `last_candidate_id`, and `keys`), or None for a fresh run. One that cannot be used is
+    a ConfigError, never a silent fresh start."""
+    if not path.exists():
+        return None
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+        restore_rng(state["rng"], into=(random.Random(), np.random.RandomState()))
+        missing = [key for key in keys if key not in state]
+        if missing:
+            raise KeyError(", ".join(missing))
+        if not isinstance(state["iteration"], int) or not isinstance(state["last_candidate_id"], int):
+            raise ValueError("iteration and last_candidate_id must be integers")
+        return state
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"'{path}' cannot be read ({type(exc).__name__}: {exc}); move it away (or choose "
+                          "another CONFIG_OUTPUT_DIR) to start a fresh run") from None

@@ -42,7 +42,7 @@ from compressor_2.evolution.operators import append_summary, weighted_average
 from compressor_2.evolution.plots import FITNESS_PLOT, LENGTHS_PLOT, plot_archive, plot_fitness, plot_lengths
 from compressor_2.evolution.progress import say
 from compressor_2.evolution.run import Run, resume_command
-from compressor_2.evolution.state import Member, capture_rng, restore_rng
+from compressor_2.evolution.state import Member, capture_rng_of, load_strategy_state, restore_rng
 from compressor_2.evolution.tree import TREE_FILE, EvolutionTree
 from compressor_2.fitness import Evaluation, Record
 from compressor_2.reflector.base import MergeRequest, MutationRequest, VectorRequest
@@ -69,7 +69,7 @@ def estimate(config: Config, n_examples: int) -> Cost:
 
 def run(run: Run) -> str:
     options, out = _options(run.config), run.out
-    state = _load_state(out / STATE_FILE)
+    state = load_strategy_state(out / STATE_FILE, ())
     start = state["iteration"] if state else 0
     if state and start >= options.iterations:
         _restore_best(run)
@@ -390,7 +390,7 @@ class Archive:
 
     def save_state(self, iteration: int) -> None:
         atomic_write_json(self.run.out / STATE_FILE, {
-            "iteration": iteration, "rng": _capture(self.rng),
+            "iteration": iteration, "rng": capture_rng_of(self.rng),
             "last_candidate_id": self.run.archive.last_candidate_id()})
 
     def stop(self, reason: str) -> None:
@@ -473,25 +473,6 @@ def _options(config: Config) -> ArchiveOptions:
 def _label(cid: int) -> str:
     return f"c{cid}"
 
-
-def _capture(rng: random.Random) -> dict[str, Any]:
-    """The strategy's RNG in restore_rng's format (numpy's part is unused here)."""
-    version, internal, gauss = rng.getstate()
-    return {**capture_rng(), "random": [version, list(internal), gauss]}
-
-
-def _load_state(path: Path) -> dict[str, Any] | None:
-    if not path.exists():
-        return None
-    try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-        restore_rng(state["rng"], into=(random.Random(), np.random.RandomState()))
-        if not isinstance(state["iteration"], int) or not isinstance(state["last_candidate_id"], int):
-            raise ValueError("iteration and last_candidate_id must be integers")
-        return state
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"'{path}' cannot be read ({exc}); move it away (or choose another "
-                          "CONFIG_OUTPUT_DIR) to start a fresh run") from None
 
 
 def _truncate_snapshots(path: Path, before: int) -> None:

@@ -17,14 +17,12 @@ every iteration; a rerun resumes it, and the valset scores come back from the ar
 
 from __future__ import annotations
 
-import json
 import random
 import re
 import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,7 +42,7 @@ from compressor_2.evolution.pareto import (
 from compressor_2.evolution.plots import FITNESS_PLOT, LENGTHS_PLOT, plot_archive, plot_fitness, plot_lengths
 from compressor_2.evolution.progress import say
 from compressor_2.evolution.run import Run, resume_command
-from compressor_2.evolution.state import Member, capture_rng, restore_rng
+from compressor_2.evolution.state import Member, capture_rng_of, load_strategy_state, restore_rng
 from compressor_2.evolution.tree import TREE_FILE, EvolutionTree
 from compressor_2.fitness import Evaluation
 from compressor_2.reflector.base import MutationRequest, VectorRequest
@@ -71,7 +69,9 @@ def estimate(config: Config, n_examples: int) -> Cost:
 
 def run(run: Run) -> str:
     options, out = _options(run.config), run.out
-    saved = _load_state(out / STATE_FILE)
+    saved = load_strategy_state(out / STATE_FILE, ("valset", "sampler", "pool", "merges_due", "merges_tested",
+                                                     "merges_performed", "merge_descriptions", "last_found_new",
+                                                     "next_component"))
     g = Gepa(run, options, random.Random(run.config.seed), load_history(out / HISTORY_FILE,
                                                                             before=saved["iteration"] if saved else 0))
     if saved:
@@ -371,7 +371,7 @@ class Gepa:
 
     def save_state(self) -> None:
         atomic_write_json(self.run.out / STATE_FILE, {
-            "iteration": self.iteration, "rng": _capture(self.rng), "valset": self.valset,
+            "iteration": self.iteration, "rng": capture_rng_of(self.rng), "valset": self.valset,
             "sampler": {"ids": self.sampler.ids, "size": self.sampler.size, "epoch": self.sampler.epoch,
                         "order": self.sampler.order, "position": self.sampler.position},
             "pool": self.pool, "merges_due": self.merges_due, "merges_tested": self.merges_tested,
@@ -416,23 +416,3 @@ def _options(config: Config) -> GepaOptions:
     if config.gepa is None:
         raise ConfigError("CONFIG_STRATEGY_GEPA=y is needed for the GEPA strategy's options")
     return config.gepa
-
-
-def _capture(rng: random.Random) -> dict[str, Any]:
-    version, internal, gauss = rng.getstate()
-    return {**capture_rng(), "random": [version, list(internal), gauss]}
-
-
-def _load_state(path: Path) -> dict[str, Any] | None:
-    if not path.exists():
-        return None
-    try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-        restore_rng(state["rng"], into=(random.Random(), np.random.RandomState()))
-        for key in ("iteration", "valset", "sampler", "pool", "merges_due", "merges_tested", "merges_performed",
-                    "merge_descriptions", "last_found_new", "next_component", "last_candidate_id"):
-            state[key]  # noqa: B018 - a missing key is a malformed state
-        return state
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"'{path}' cannot be read ({exc}); move it away (or choose another "
-                          "CONFIG_OUTPUT_DIR) to start a fresh run") from None
