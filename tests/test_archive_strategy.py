@@ -6,9 +6,7 @@ from __future__ import annotations
 import json
 import math
 import random
-import sqlite3
 from collections import Counter
-from pathlib import Path
 
 import networkx as nx
 import pytest
@@ -22,7 +20,7 @@ from compressor_2.evolution.run import evolve
 from compressor_2.fitness import Record
 from compressor_2.reflector.base import Reply, Usage
 from compressor_2.reflector.local import LocalProposer
-from tests.test_evolution_support import config_for, read_json
+from tests.test_evolution_support import config_for, query, read_json
 
 ARCHIVE = {"STRATEGY_ARCHIVE": "y", "ARCHIVE_ITERATIONS": "3"}
 
@@ -92,11 +90,6 @@ def test_feedback_scopes_on_a_hand_built_lineage():
 
 # -- end to end -----------------------------------------------------------------------------
 
-def table(out: Path, sql: str) -> list[tuple]:
-    with sqlite3.connect(out / "run.sqlite") as db:
-        return db.execute(sql).fetchall()
-
-
 @pytest.mark.slow
 def test_an_offline_archive_run_writes_every_output(tmp_path, shared, tiny_model_dir, capsys):
     config = config_for(tmp_path, shared, tiny_model_dir, **ARCHIVE)
@@ -110,12 +103,12 @@ def test_an_offline_archive_run_writes_every_output(tmp_path, shared, tiny_model
     for s in snapshots:
         assert s["p10"] <= s["p50"] <= s["p90"] <= s["best_fitness"]
         assert set(s["seconds"]) == {"selection", "generation", "postcheck", "assessment"}
-    assert snapshots[-1]["metric_calls"] == table(out, "SELECT count(*) FROM evaluations")[0][0]
+    assert snapshots[-1]["metric_calls"] == query(out, "SELECT count(*) FROM evaluations")[0][0]
     assert read_json(out / "history.json")[-1]["stop_reason"] == "all 3 iterations ran"
     # Every kept proposal has a feedback entry; parents come from the archive.
-    kept = table(out, "SELECT id FROM candidates WHERE status = 'evaluated' AND operator != 'initial'")
-    assert len(table(out, "SELECT candidate FROM feedback WHERE outcome LIKE 'fitness %'")) == len(kept) > 0
-    assert {op for (op,) in table(out, "SELECT operator FROM candidates")} >= {"initial", "mutation",
+    kept = query(out, "SELECT id FROM candidates WHERE status = 'evaluated' AND operator != 'initial'")
+    assert len(query(out, "SELECT candidate FROM feedback WHERE outcome LIKE 'fitness %'")) == len(kept) > 0
+    assert {op for (op,) in query(out, "SELECT operator FROM candidates")} >= {"initial", "mutation",
                                                                                "vector_mutation", "crossover"}
     tree = read_json(out / "tree.json")
     assert len(tree["nodes"]) == len(kept) + 1 and tree["edges"]
@@ -132,15 +125,15 @@ def test_the_post_check_rejects_and_records(tmp_path, shared, tiny_model_dir):
                         ARCHIVE_DELTA_LIMIT='"0.5"')
     evolve(config)
     out = config.output_dir
-    rejected = table(out, "SELECT id, note FROM candidates WHERE status = 'rejected'")
+    rejected = query(out, "SELECT id, note FROM candidates WHERE status = 'rejected'")
     assert rejected and all(note == "a delta outside [-0.5, 0.5]" for _, note in rejected)
-    outcomes = dict(table(out, "SELECT candidate, outcome FROM feedback"))
+    outcomes = dict(query(out, "SELECT candidate, outcome FROM feedback"))
     assert all(outcomes[cid] == f"rejected by the post-check: {note}" for cid, note in rejected)
     snapshots = [json.loads(line) for line in (out / "snapshots.jsonl").read_text().splitlines()]
     assert sum(s["rejected"] for s in snapshots) == len(rejected)
     # Rejected proposals cost no metric call: only the kept genomes were evaluated.
-    kept = table(out, "SELECT count(*) FROM candidates WHERE status = 'evaluated'")[0][0]
-    assert table(out, "SELECT count(DISTINCT genome) FROM evaluations")[0][0] == kept
+    kept = query(out, "SELECT count(*) FROM candidates WHERE status = 'evaluated'")[0][0]
+    assert query(out, "SELECT count(DISTINCT genome) FROM evaluations")[0][0] == kept
 
 
 @pytest.mark.slow
@@ -161,12 +154,12 @@ def test_the_post_check_tries_proposals_on_the_parents_failures(tmp_path, shared
                         ARCHIVE_GENERATORS='"cluster,vector"', INITIAL_DELTAS_PATH=f'"{start}"')
     evolve(config)
     out = config.output_dir
-    notes = [n for (n,) in table(out, "SELECT note FROM candidates WHERE status = 'rejected'")]
+    notes = [n for (n,) in query(out, "SELECT note FROM candidates WHERE status = 'rejected'")]
     tried = [n for n in notes if n.startswith("on ") and "its parent failed or padded it scores" in n]
     duplicate = "its genome is already in the archive or in another proposal of this iteration"
     assert tried and set(notes) - set(tried) <= {duplicate}
     # A proposal the try rejected was answered on at most 2 examples, never assessed in full.
-    tried_only = table(out, "SELECT genome, count(*) FROM evaluations GROUP BY genome HAVING count(*) < 3")
+    tried_only = query(out, "SELECT genome, count(*) FROM evaluations GROUP BY genome HAVING count(*) < 3")
     assert len(tried_only) == len(set(tried_only)) and all(count <= 2 for _, count in tried_only)
     assert 1 <= len(tried_only) <= len(tried)
 
@@ -183,5 +176,5 @@ def test_a_resumed_archive_run_ends_where_an_uninterrupted_one_does(tmp_path, sh
     assert read_json(whole / "out" / "deltas_best.json") == read_json(split / "out" / "deltas_best.json")
     for sql in ("SELECT id, operator, deltas, scratchpad, status, note, fitness FROM candidates ORDER BY id",
                 "SELECT * FROM lineage ORDER BY child, position", "SELECT * FROM feedback ORDER BY candidate"):
-        assert table(whole / "out", sql) == table(split / "out", sql), sql
+        assert query(whole / "out", sql) == query(split / "out", sql), sql
     assert read_json(whole / "out" / "tree.json")["nodes"] == read_json(split / "out" / "tree.json")["nodes"]

@@ -64,6 +64,14 @@ def shared_dir(tmp_path_factory) -> Path:
     return path
 
 
+def query(out: Path, sql: str) -> list[tuple]:
+    """Rows of a run's archive (`out` is its output directory)."""
+    import sqlite3
+
+    with sqlite3.connect(out / "run.sqlite") as db:
+        return db.execute(sql).fetchall()
+
+
 def read_json(path: Path):
     return json.loads(path.read_text(encoding="utf-8"))
 

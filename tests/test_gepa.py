@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import random
-import sqlite3
-from pathlib import Path
 
 import pytest
 
@@ -18,7 +16,7 @@ from compressor_2.evolution.pareto import (
     mutation_accepted, pareto_front, remove_dominated, select_from_front, stratified_subsample,
 )
 from compressor_2.evolution.run import evolve
-from tests.test_evolution_support import config_for, read_json
+from tests.test_evolution_support import config_for, query, read_json
 
 # Three candidates on four examples: 1 leads a, 2 leads b, 3 ties 2 on c and leads d.
 SCORES = {1: {"a": 0.9, "b": 0.1, "c": 0.5, "d": 0.2},
@@ -124,37 +122,32 @@ GEPA = {"STRATEGY_GEPA": "y", "MAX_METRIC_CALLS": "30", "GEPA_VALSET_SIZE": "2",
         "GEPA_VAL_OVERLAP_FLOOR": "1", "GEPA_MERGE_SUBSAMPLE": "2"}
 
 
-def table(out: Path, sql: str) -> list[tuple]:
-    with sqlite3.connect(out / "run.sqlite") as db:
-        return db.execute(sql).fetchall()
-
-
 @pytest.mark.slow
 def test_an_offline_gepa_run_to_its_budget(tmp_path, shared, tiny_model_dir, capsys):
     config = config_for(tmp_path, shared, tiny_model_dir, **GEPA)
     evolve(config)
     out = config.output_dir
-    calls = table(out, "SELECT count(*) FROM evaluations")[0][0]
+    calls = query(out, "SELECT count(*) FROM evaluations")[0][0]
     history = read_json(out / "history.json")
     assert history[-1]["stop_reason"] == f"CONFIG_MAX_METRIC_CALLS=30 reached ({calls} metric calls)"
     assert calls >= 30 and history[-1]["metric_calls"] == calls
     # Budget accounting: only fresh answers count. However often a candidate was a parent,
     # its answers cost at most the 2 valset and the 1 feedback example; a rejected
     # proposal cost at most its minibatch.
-    rows = dict(table(out, "SELECT genome, count(*) FROM evaluations GROUP BY genome"))
+    rows = dict(query(out, "SELECT genome, count(*) FROM evaluations GROUP BY genome"))
     genome = {cid: ",".join(repr(float(v)) for v in json.loads(d).values())
-              for cid, d in table(out, "SELECT id, deltas FROM candidates")}
+              for cid, d in query(out, "SELECT id, deltas FROM candidates")}
     parents = [h["parent"] for h in history if h["proposer"] == "reflective"]
     busiest = max(set(parents), key=parents.count)
     assert parents.count(busiest) >= 5 and rows[genome[busiest]] <= 3
-    rejected = [c for (c,) in table(out, "SELECT id FROM candidates WHERE status = 'rejected'")]
+    rejected = [c for (c,) in query(out, "SELECT id FROM candidates WHERE status = 'rejected'")]
     assert rejected and all(rows.get(genome[c], 0) <= 1 for c in rejected)
     state = read_json(out / "gepa_state.json")
     assert len(state["valset"]) == 2 and len(state["sampler"]["ids"]) == 1
     front = read_json(out / "pareto_front.json")
     assert set(front) == set(state["valset"])
     assert all(set(e["candidates"]) <= set(state["pool"]) for e in front.values())
-    kept = table(out, "SELECT id FROM candidates WHERE status = 'evaluated'")
+    kept = query(out, "SELECT id FROM candidates WHERE status = 'evaluated'")
     assert sorted(state["pool"]) == sorted(c for (c,) in kept)
     for h in history:
         assert h["proposer"] in {"reflective", "merge"}
@@ -179,7 +172,7 @@ def test_a_resumed_gepa_run_ends_where_an_uninterrupted_one_does(tmp_path, share
     assert a == b
     for sql in ("SELECT id, operator, deltas, status, note, fitness FROM candidates ORDER BY id",
                 "SELECT * FROM merges ORDER BY candidate"):
-        assert table(whole / "out", sql) == table(split / "out", sql), sql
+        assert query(whole / "out", sql) == query(split / "out", sql), sql
 
 
 def test_a_pool_too_small_for_the_split_is_a_config_error(tmp_path, shared, tiny_model_dir):

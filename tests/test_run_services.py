@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -20,17 +18,12 @@ from compressor_2.evolution.run import evolve
 from compressor_2.reflector.local import LocalProposer
 from tests.conftest import REPO
 from tests.fakes.openai_server import FakeOpenAIServer, chat_completion
-from tests.test_evolution_support import config_for, read_json, write_config
+from tests.test_evolution_support import config_for, query, read_json, write_config
 from tests.test_resume import start_evolve
 
 pytestmark = pytest.mark.slow
 
 
-
-
-def rows(out: Path, sql: str) -> list[tuple]:
-    with sqlite3.connect(out / "run.sqlite") as db:
-        return db.execute(sql).fetchall()
 
 
 def last_line(text: str) -> str:
@@ -44,7 +37,7 @@ def test_a_metric_call_budget_stops_the_run_and_a_raised_one_continues_it(tmp_pa
     # Three examples: the initial population costs 3, so generation 0 starts under budget
     # and finishes; the budget stops the run before generation 1.
     assert "warning: CONFIG_MAX_METRIC_CALLS=5 leaves 5 metric calls, enough for about 0 generation(s)" in out
-    spent = rows(tmp_path / "out", "SELECT count(*) FROM evaluations")[0][0]
+    spent = query(tmp_path / "out", "SELECT count(*) FROM evaluations")[0][0]
     reason = f"CONFIG_MAX_METRIC_CALLS=5 reached ({spent} metric calls)"
     assert last_line(out).startswith(f"stopped: {reason}; best fitness")
     history = read_json(tmp_path / "out" / "history.json")
@@ -55,16 +48,16 @@ def test_a_metric_call_budget_stops_the_run_and_a_raised_one_continues_it(tmp_pa
     # The same budget again: nothing to spend, nothing generated, the history as it was.
     evolve(config_for(tmp_path, shared, tiny_model_dir, MAX_METRIC_CALLS="5"))
     assert last_line(capsys.readouterr().out).startswith(f"stopped: {reason}")
-    assert rows(tmp_path / "out", "SELECT count(*) FROM evaluations")[0][0] == spent
+    assert query(tmp_path / "out", "SELECT count(*) FROM evaluations")[0][0] == spent
     assert read_json(tmp_path / "out" / "history.json") == history
 
     # Unlimited: the run continues to the end, exactly as if it had never stopped.
     evolve(config_for(tmp_path, shared, tiny_model_dir))
     assert last_line(capsys.readouterr().out).startswith("done: all 4 generations ran")
     assert read_json(tmp_path / "out" / "evolution_state.json") == read_json(uninterrupted / "evolution_state.json")
-    assert rows(tmp_path / "out", "SELECT genome, example FROM evaluations ORDER BY 1, 2") == rows(
+    assert query(tmp_path / "out", "SELECT genome, example FROM evaluations ORDER BY 1, 2") == query(
         uninterrupted, "SELECT genome, example FROM evaluations ORDER BY 1, 2")
-    stops = [json.loads(d)["reason"] for (d,) in rows(tmp_path / "out", "SELECT detail FROM events "
+    stops = [json.loads(d)["reason"] for (d,) in query(tmp_path / "out", "SELECT detail FROM events "
                                                                          "WHERE kind = 'stop' ORDER BY id")]
     assert stops == [reason, reason, "all 4 generations ran"]
 
@@ -74,7 +67,7 @@ def test_a_wall_time_budget_stops_after_the_step_in_progress(tmp_path, shared, t
     out = capsys.readouterr().out
     assert "stopped: CONFIG_MAX_WALL_MINUTES=0.0001 reached" in last_line(out)
     assert read_json(tmp_path / "out" / "evolution_state.json")["generation"] == 1
-    assert float(rows(tmp_path / "out", "SELECT value FROM meta WHERE key = 'wall_seconds'")[0][0]) > 0
+    assert float(query(tmp_path / "out", "SELECT value FROM meta WHERE key = 'wall_seconds'")[0][0]) > 0
 
 
 def test_a_reflector_token_budget_counts_every_attempt(tmp_path, shared, tiny_model_dir, monkeypatch, capsys):
@@ -92,7 +85,7 @@ def test_a_reflector_token_budget_counts_every_attempt(tmp_path, shared, tiny_mo
                           REFLECTOR_MAX_RETRIES="0"))
     out = capsys.readouterr().out
     assert "warning: CONFIG_MAX_REFLECTOR_TOKENS=1 leaves 1 tokens" in out
-    calls = rows(tmp_path / "out",
+    calls = query(tmp_path / "out",
                  "SELECT kind, prompt_tokens, completion_tokens, verdict, latency FROM reflector_calls")
     spent = sum(p + c for _, p, c, _, _ in calls)
     assert calls and all(v == "accepted" and lat >= 0 for *_, v, lat in calls)
@@ -119,7 +112,7 @@ def test_a_second_evolve_on_a_busy_directory_refuses_at_once(tmp_path, shared, t
     assert second.stderr.strip().splitlines() == [
         f"error: '{out}' is in use by another evolve (pid {first.pid}): wait for it to finish or stop it, "
         "or choose another CONFIG_OUTPUT_DIR"]
-    assert rows(out, "PRAGMA integrity_check") == [("ok",)]
+    assert query(out, "PRAGMA integrity_check") == [("ok",)]
     assert read_json(out / "evolution_state.json")["generation"] == 12
     assert [h["generation"] for h in read_json(out / "history.json")] == list(range(13))
 
@@ -142,9 +135,9 @@ def test_an_output_directory_of_the_previous_version_is_refused_with_what_to_do(
 def test_a_lost_state_file_is_not_taken_for_a_fresh_start(tmp_path, shared, tiny_model_dir):
     evolve(config_for(tmp_path, shared, tiny_model_dir, NGEN="2"))
     (tmp_path / "out" / "evolution_state.json").unlink()
-    with pytest.raises(ConfigError, match="holds generations up to 1 but .*evolution_state.json' is missing"):
+    with pytest.raises(ConfigError, match="holds steps up to 1 but .*evolution_state.json' is missing"):
         evolve(config_for(tmp_path, shared, tiny_model_dir, NGEN="2"))
-    assert rows(tmp_path / "out", "SELECT count(*) FROM candidates WHERE generation = 1")[0][0] > 0
+    assert query(tmp_path / "out", "SELECT count(*) FROM candidates WHERE generation = 1")[0][0] > 0
 
 
 def test_show_summarises_a_finished_run_and_its_best_lineage(uninterrupted, capsys):
@@ -153,7 +146,7 @@ def test_show_summarises_a_finished_run_and_its_best_lineage(uninterrupted, caps
     out = capsys.readouterr().out
     state = read_json(uninterrupted / "evolution_state.json")
     best = state["best_individual"]["candidate_id"]
-    count = rows(uninterrupted, "SELECT count(*) FROM candidates")[0][0]
+    count = query(uninterrupted, "SELECT count(*) FROM candidates")[0][0]
     assert "strategy      ga" in out and "status        stopped: all 4 generations " in out
     assert f"candidates    {count} ({count} kept, 0 rejected)" in out
     assert f"best          #{best} " in out and f"fitness {state['best_fitness']:.4f}" in out

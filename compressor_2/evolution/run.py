@@ -75,6 +75,17 @@ class Run:
         tokenizer = AutoTokenizer.from_pretrained(self.config.model_path)
         return {ex.id: len(tokenizer(ex.gold, add_special_tokens=False)["input_ids"]) for ex in self.examples}
 
+    def start_afresh(self, state_file: Path, step: int) -> None:
+        """A start without a state file forgets what an earlier start that saved nothing had
+        made (its answers stay). An archive with later steps means the state file was lost:
+        that is refused, never silently restarted."""
+        later = self.archive.candidates("generation >= 1")
+        if later:
+            raise ConfigError(f"'{self.archive.path}' holds steps up to {later[-1].generation} but "
+                              f"'{state_file}' is missing: restore it, or move the run directory "
+                              "away (or choose another CONFIG_OUTPUT_DIR) to start a fresh run")
+        self.archive.rollback(0, from_step=step)
+
     def stop_reason(self) -> str | None:
         """Asked between steps: the first budget reached, if any."""
         self.budget.checkpoint()

@@ -203,12 +203,7 @@ class Archive:
 
     def seed(self) -> None:
         """The seed candidate: the initial deltas, assessed on the pool."""
-        later = self.run.archive.candidates("generation >= 1")
-        if later:
-            raise ConfigError(f"'{self.run.archive.path}' holds iterations up to {later[-1].generation} but "
-                              f"'{self.run.out / STATE_FILE}' is missing: restore it, or move the run directory "
-                              "away (or choose another CONFIG_OUTPUT_DIR) to start a fresh run")
-        self.run.archive.rollback(0, from_step=SEED_STEP)
+        self.run.start_afresh(self.run.out / STATE_FILE, SEED_STEP)
         deltas = load_deltas(self.run.config.initial_deltas_path, self.run.cluster_ids)
         [evaluation] = self.run.evaluate([to_list(deltas)], "seed candidate")
         [seed] = self.run.archive.add([Candidate(deltas, "", "initial", (), NAME, 0, fitness=evaluation.fitness,

@@ -33,7 +33,6 @@ from deap import base, tools
 
 from compressor_2.archive.database import Candidate
 from compressor_2.config import Config
-from compressor_2.errors import ConfigError
 from compressor_2.evolution.budget import Cost
 from compressor_2.evolution.history import HISTORY_FILE, Work, entry, load_history, population_stats, save_history
 from compressor_2.evolution.individual import Individual, initial_population, invalidate, make_toolbox, new_individual
@@ -206,12 +205,7 @@ class GA:
         """Seed 000 §1: the initial deltas cloned; each clone is an "initial" candidate.
         A start that saved no state left nothing worth keeping but its answers."""
         run, config = self.run, self.run.config
-        later = run.archive.candidates("generation >= 1")
-        if later:
-            raise ConfigError(f"'{run.archive.path}' holds generations up to {later[-1].generation} but "
-                              f"'{run.out / STATE_FILE}' is missing: restore it, or move the run directory "
-                              "away (or choose another CONFIG_OUTPUT_DIR) to start a fresh run")
-        run.archive.rollback(0, from_step=INITIAL_STEP)
+        run.start_afresh(run.out / STATE_FILE, INITIAL_STEP)
         population = initial_population(to_list(load_deltas(config.initial_deltas_path, run.cluster_ids)),
                                         config.population_size)
         added = run.archive.add([Candidate(to_dict(ind, run.cluster_ids), ind.scratchpad, "initial", (), NAME, 0)

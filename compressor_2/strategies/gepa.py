@@ -139,12 +139,7 @@ class Gepa:
     # -- 1. the split and the seed ----------------------------------------------------------
 
     def start(self) -> None:
-        later = self.run.archive.candidates("generation >= 1")
-        if later:
-            raise ConfigError(f"'{self.run.archive.path}' holds iterations up to {later[-1].generation} but "
-                              f"'{self.run.out / STATE_FILE}' is missing: restore it, or move the run directory "
-                              "away (or choose another CONFIG_OUTPUT_DIR) to start a fresh run")
-        self.run.archive.rollback(0, from_step=SEED_STEP)
+        self.run.start_afresh(self.run.out / STATE_FILE, SEED_STEP)
         self.valset = split_valset(self.run.examples, self.options, random.Random(self.run.config.seed))
         feedback = [ex.id for ex in self.run.examples if ex.id not in set(self.valset)]
         self.sampler = EpochSampler(feedback, self.options.minibatch_size)
