@@ -20,7 +20,7 @@ from compressor_2.evolution.run import evolve
 from compressor_2.fitness import Record
 from compressor_2.reflector.base import Reply, Usage
 from compressor_2.reflector.local import LocalProposer
-from tests.test_evolution_support import config_for, query, read_json
+from tests.test_evolution_support import config_for, query, read_json, whole_and_resumed
 
 ARCHIVE = {"STRATEGY_ARCHIVE": "y", "ARCHIVE_ITERATIONS": "3"}
 
@@ -166,15 +166,10 @@ def test_the_post_check_tries_proposals_on_the_parents_failures(tmp_path, shared
 
 @pytest.mark.slow
 def test_a_resumed_archive_run_ends_where_an_uninterrupted_one_does(tmp_path, shared, tiny_model_dir):
-    whole, split = tmp_path / "whole", tmp_path / "split"
-    whole.mkdir()
-    split.mkdir()
-    evolve(config_for(whole, shared, tiny_model_dir, **ARCHIVE))
-    evolve(config_for(split, shared, tiny_model_dir, **{**ARCHIVE, "ARCHIVE_ITERATIONS": "1"}))
-    evolve(config_for(split, shared, tiny_model_dir, **ARCHIVE))
-    assert read_json(whole / "out" / "archive_state.json") == read_json(split / "out" / "archive_state.json")
-    assert read_json(whole / "out" / "deltas_best.json") == read_json(split / "out" / "deltas_best.json")
+    whole, split = whole_and_resumed(tmp_path, shared, tiny_model_dir, ARCHIVE, {"ARCHIVE_ITERATIONS": "1"})
+    assert read_json(whole / "archive_state.json") == read_json(split / "archive_state.json")
+    assert read_json(whole / "deltas_best.json") == read_json(split / "deltas_best.json")
     for sql in ("SELECT id, operator, deltas, scratchpad, status, note, fitness FROM candidates ORDER BY id",
                 "SELECT * FROM lineage ORDER BY child, position", "SELECT * FROM feedback ORDER BY candidate"):
-        assert query(whole / "out", sql) == query(split / "out", sql), sql
-    assert read_json(whole / "out" / "tree.json")["nodes"] == read_json(split / "out" / "tree.json")["nodes"]
+        assert query(whole, sql) == query(split, sql), sql
+    assert read_json(whole / "tree.json")["nodes"] == read_json(split / "tree.json")["nodes"]

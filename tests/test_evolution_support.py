@@ -64,6 +64,22 @@ def shared_dir(tmp_path_factory) -> Path:
     return path
 
 
+def whole_and_resumed(tmp_path: Path, shared: Path, model_dir: Path, symbols: dict[str, str],
+                      first_leg: dict[str, str]) -> tuple[Path, Path]:
+    """The output dirs of one run with `symbols` made at once, and of the same run made in
+    two legs: first with `first_leg` overriding `symbols` (fewer steps, a smaller budget),
+    then resumed with `symbols`."""
+    from compressor_2.evolution.run import evolve
+
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    whole.mkdir()
+    split.mkdir()
+    evolve(config_for(whole, shared, model_dir, **symbols))
+    evolve(config_for(split, shared, model_dir, **{**symbols, **first_leg}))
+    evolve(config_for(split, shared, model_dir, **symbols))
+    return whole / "out", split / "out"
+
+
 def query(out: Path, sql: str) -> list[tuple]:
     """Rows of a run's archive (`out` is its output directory)."""
     import sqlite3

@@ -16,7 +16,7 @@ from compressor_2.evolution.pareto import (
     mutation_accepted, pareto_front, remove_dominated, select_from_front, stratified_subsample,
 )
 from compressor_2.evolution.run import evolve
-from tests.test_evolution_support import config_for, query, read_json
+from tests.test_evolution_support import config_for, query, read_json, whole_and_resumed
 
 # Three candidates on four examples: 1 leads a, 2 leads b, 3 ties 2 on c and leads d.
 SCORES = {1: {"a": 0.9, "b": 0.1, "c": 0.5, "d": 0.2},
@@ -162,17 +162,12 @@ def test_an_offline_gepa_run_to_its_budget(tmp_path, shared, tiny_model_dir, cap
 
 @pytest.mark.slow
 def test_a_resumed_gepa_run_ends_where_an_uninterrupted_one_does(tmp_path, shared, tiny_model_dir):
-    whole, split = tmp_path / "whole", tmp_path / "split"
-    whole.mkdir()
-    split.mkdir()
-    evolve(config_for(whole, shared, tiny_model_dir, **GEPA))
-    evolve(config_for(split, shared, tiny_model_dir, **{**GEPA, "MAX_METRIC_CALLS": "12"}))
-    evolve(config_for(split, shared, tiny_model_dir, **GEPA))
-    a, b = read_json(whole / "out" / "gepa_state.json"), read_json(split / "out" / "gepa_state.json")
+    whole, split = whole_and_resumed(tmp_path, shared, tiny_model_dir, GEPA, {"MAX_METRIC_CALLS": "12"})
+    a, b = read_json(whole / "gepa_state.json"), read_json(split / "gepa_state.json")
     assert a == b
     for sql in ("SELECT id, operator, deltas, status, note, fitness FROM candidates ORDER BY id",
                 "SELECT * FROM merges ORDER BY candidate"):
-        assert query(whole / "out", sql) == query(split / "out", sql), sql
+        assert query(whole, sql) == query(split, sql), sql
 
 
 def test_a_pool_too_small_for_the_split_is_a_config_error(tmp_path, shared, tiny_model_dir):

@@ -25,7 +25,7 @@ from compressor_2.reflector.prompts import (
 from compressor_2.reflector.validation import InvalidOutput, ValidatingReflector, parse_selection, parse_vector
 from tests.conftest import REPO
 from tests.fakes.openai_server import FakeOpenAIServer, chat_completion
-from tests.test_evolution_support import config_for, read_json
+from tests.test_evolution_support import config_for, read_json, whole_and_resumed
 
 SEED_001 = REPO.parent / "shared" / "seeds" / "001_b8e77b1b197564a1.txt"
 DESCRIPTIONS = {"0": {"description": "EOS"}, "1": {"description": "numbers"}, "2": {"description": "words"}}
@@ -266,20 +266,15 @@ def test_selection_and_vector_calls_against_the_fake_server(tmp_path, shared, ti
 
 @pytest.mark.slow
 def test_local_selection_and_vector_mutation_resume_to_the_uninterrupted_run(tmp_path, shared, tiny_model_dir):
-    whole, split = tmp_path / "whole", tmp_path / "split"
-    whole.mkdir()
-    split.mkdir()
-    evolve(config_for(whole, shared, tiny_model_dir, **LLM_AND_VECTOR))
-    evolve(config_for(split, shared, tiny_model_dir, NGEN="2", **LLM_AND_VECTOR))
-    evolve(config_for(split, shared, tiny_model_dir, **LLM_AND_VECTOR))
+    whole, split = whole_and_resumed(tmp_path, shared, tiny_model_dir, LLM_AND_VECTOR, {"NGEN": "2"})
     for name in ("evolution_state.json", "history.json"):
-        a, b = read_json(whole / "out" / name), read_json(split / "out" / name)
+        a, b = read_json(whole / name), read_json(split / name)
         if name == "history.json":
             for h in a + b:
                 h.pop("seconds")
         assert a == b, name
-    history = read_json(whole / "out" / "history.json")
+    history = read_json(whole / "history.json")
     assert all(h["selection"]["fallback"] is None for h in history[:-1])
     assert {s["category"] for h in history[:-1] for s in h["selection"]["selections"]} >= {"performance",
                                                                                              "diversity"}
-    assert read_json(whole / "out" / "tree.json")["nodes"] == read_json(split / "out" / "tree.json")["nodes"]
+    assert read_json(whole / "tree.json")["nodes"] == read_json(split / "tree.json")["nodes"]
