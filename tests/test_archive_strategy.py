@@ -173,3 +173,31 @@ def test_a_resumed_archive_run_ends_where_an_uninterrupted_one_does(tmp_path, sh
                 "SELECT * FROM lineage ORDER BY child, position", "SELECT * FROM feedback ORDER BY candidate"):
         assert query(whole, sql) == query(split, sql), sql
     assert read_json(whole / "tree.json")["nodes"] == read_json(split / "tree.json")["nodes"]
+
+
+@pytest.mark.slow
+def test_an_archive_run_interrupted_mid_iteration_resumes_to_the_same_end(tmp_path, shared, tiny_model_dir,
+                                                                          monkeypatch):
+    """Ctrl+C while iteration 1's generators run: the rerun forgets what that iteration had
+    made and replays it from the saved RNG."""
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    whole.mkdir()
+    cut.mkdir()
+    evolve(config_for(whole, shared, tiny_model_dir, **ARCHIVE))
+    original = LocalProposer.mutation
+
+    def interrupt_in_iteration_1(self, request, messages, attempt):
+        if request.generation == 1:
+            raise KeyboardInterrupt
+        return original(self, request, messages, attempt)
+
+    monkeypatch.setattr(LocalProposer, "mutation", interrupt_in_iteration_1)
+    with pytest.raises(KeyboardInterrupt):
+        evolve(config_for(cut, shared, tiny_model_dir, **ARCHIVE))
+    monkeypatch.setattr(LocalProposer, "mutation", original)
+    evolve(config_for(cut, shared, tiny_model_dir, **ARCHIVE))
+    for sql in ("SELECT id, operator, deltas, scratchpad, status, note, fitness FROM candidates ORDER BY id",
+                "SELECT * FROM feedback ORDER BY candidate"):
+        assert query(whole / "out", sql) == query(cut / "out", sql), sql
+    snapshots = [json.loads(line) for line in (cut / "out" / "snapshots.jsonl").read_text().splitlines()]
+    assert [s["generation"] for s in snapshots] == [0, 1, 2]

@@ -197,3 +197,30 @@ def test_the_tree_marks_a_merges_ancestor(tmp_path):
         ("c1", "c4", "ancestor")}
     assert graph.nodes["c4"]["merge_ancestor"] == 1
     archive.close()
+
+
+@pytest.mark.slow
+def test_a_gepa_run_interrupted_mid_iteration_resumes_to_the_same_end(tmp_path, shared, tiny_model_dir,
+                                                                      monkeypatch):
+    from compressor_2.reflector.local import LocalProposer
+
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    whole.mkdir()
+    cut.mkdir()
+    evolve(config_for(whole, shared, tiny_model_dir, **GEPA))
+    original = LocalProposer.mutation
+
+    def interrupt_in_iteration_3(self, request, messages, attempt):
+        if request.generation == 3:
+            raise KeyboardInterrupt
+        return original(self, request, messages, attempt)
+
+    monkeypatch.setattr(LocalProposer, "mutation", interrupt_in_iteration_3)
+    with pytest.raises(KeyboardInterrupt):
+        evolve(config_for(cut, shared, tiny_model_dir, **GEPA))
+    assert read_json(cut / "out" / "gepa_state.json")["iteration"] == 3
+    monkeypatch.setattr(LocalProposer, "mutation", original)
+    evolve(config_for(cut, shared, tiny_model_dir, **GEPA))
+    assert read_json(whole / "out" / "gepa_state.json") == read_json(cut / "out" / "gepa_state.json")
+    sql = "SELECT id, operator, deltas, status, note, fitness FROM candidates ORDER BY id"
+    assert query(whole / "out", sql) == query(cut / "out", sql)
