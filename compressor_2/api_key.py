@@ -1,10 +1,21 @@
-"""API keys come only from the environment; the error names the variable, never a key."""
+"""API keys come only from the environment; the error names the variable, never a key.
+
+Every key read here is remembered, and `scrub` replaces each of them in any text: the one
+place through which error texts, log lines, prompt-log entries and archive records pass
+before they are written (servers echo the Authorization header in error bodies).
+"""
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 
 from compressor_2.errors import ConfigError
+
+MASK = "***"
+_KEYS: set[str] = set()
+_LOCK = threading.Lock()
 
 
 def api_key_from_env(variable: str, user: str, symbol: str) -> str:
@@ -16,4 +27,30 @@ def api_key_from_env(variable: str, user: str, symbol: str) -> str:
             f"{user}'s API key is missing: set the environment variable {variable} "
             f"(named by CONFIG_{symbol})"
         )
+    remember(key)
     return key
+
+
+def remember(key: str) -> None:
+    """Adds a secret that `scrub` must mask (every client does, whatever gave it the key)."""
+    if key:
+        with _LOCK:
+            _KEYS.add(key)
+
+
+def scrub(text: str) -> str:
+    """`text` with every API key this process has read replaced by ***."""
+    with _LOCK:
+        keys = sorted(_KEYS, key=len, reverse=True)
+    for key in keys:
+        text = text.replace(key, MASK)
+    return text
+
+
+class ScrubFilter(logging.Filter):
+    """Scrubs every log record's message, arguments included, before a handler writes it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = scrub(record.getMessage())
+        record.args = None
+        return True

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from compressor_2.api_key import ScrubFilter, scrub
 from compressor_2.config import Config, load_config
 from compressor_2.errors import ConfigError, RunError
 
@@ -133,6 +134,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Our own progress lines (server starts, restarts) at INFO; libraries (httpx logs every
     # request at INFO) only from WARNING.
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(ScrubFilter())
     logging.getLogger("compressor_2").setLevel(logging.DEBUG if args.debug else logging.INFO)
     # SIGTERM takes Ctrl+C's path, so servers are stopped and state is saved either way.
     signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -157,8 +160,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _fail(args: argparse.Namespace, exc: BaseException, code: int, prefix: str = "") -> int:
     if args.debug:
-        traceback.print_exception(exc)
+        print(scrub("".join(traceback.format_exception(exc))), file=sys.stderr, end="")
     else:
-        first = str(exc).strip().splitlines()
+        first = scrub(str(exc)).strip().splitlines()
         print(f"error: {prefix}{first[0] if first else type(exc).__name__}", file=sys.stderr)
     return code

@@ -125,6 +125,7 @@ class Config:
     reflector_api_key_env: str
     reflector_timeout: float
     reflector_max_retries: int
+    reflector_max_consecutive_failures: int
     reflector_concurrency: int
     reflector_answer_max_chars: int
     local_reflector_step: float
@@ -413,6 +414,7 @@ def _build(r: _Reader) -> Config:
         reflector_api_key_env=r.string("REFLECTOR_API_KEY_ENV"),
         reflector_timeout=float(r.integer("REFLECTOR_TIMEOUT")),
         reflector_max_retries=r.integer("REFLECTOR_MAX_RETRIES"),
+        reflector_max_consecutive_failures=r.integer("REFLECTOR_MAX_CONSECUTIVE_FAILURES"),
         reflector_concurrency=r.integer("REFLECTOR_CONCURRENCY"),
         reflector_answer_max_chars=r.integer("REFLECTOR_ANSWER_MAX_CHARS"),
         local_reflector_step=positive("LOCAL_REFLECTOR_STEP"),

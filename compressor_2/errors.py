@@ -7,3 +7,7 @@ class ConfigError(Exception):
 
 class RunError(Exception):
     """The inputs were fine but the work failed (server died, API unreachable, ...)."""
+
+
+class ReflectorUnavailable(RunError):
+    """Too many reflector calls in a row failed: the run stops, its state saved."""

@@ -63,12 +63,14 @@ def describe(c: Candidate) -> str:
 
 
 def status(archive: RunArchive) -> str:
-    events = [e for e in archive.events() if e[0] in ("start", "stop", "interrupted")]
+    events = [e for e in archive.events() if e[0] in ("start", "stop", "interrupted", "failed")]
     if not events:
         return "never started"
     kind, detail, _ = events[-1]
     if kind == "stop":
         return f"stopped: {detail['reason']}"
+    if kind == "failed":
+        return f"failed: {detail['error']} (rerun evolve to resume)"
     if kind == "interrupted":
         return "interrupted (rerun evolve to resume)"
     return "running, or killed (no stop recorded since the last start; rerun evolve to resume)"

@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from compressor_2.api_key import scrub
 from compressor_2.archive.lineage import Lineage
 from compressor_2.errors import ConfigError
 
@@ -267,7 +268,7 @@ class RunArchive:
     def event(self, kind: str, **detail: object) -> None:
         with self._transaction() as db:
             db.execute("INSERT INTO events (kind, detail, created) VALUES (?, ?, ?)",
-                       (kind, json.dumps(detail), time.time()))
+                       (kind, scrub(json.dumps(detail)), time.time()))
 
     def events(self, kind: str | None = None) -> list[tuple[str, dict[str, Any], float]]:
         sql = "SELECT kind, detail, created FROM events" + (" WHERE kind = ?" if kind else "") + " ORDER BY id"
@@ -462,7 +463,7 @@ class RunArchive:
                 "INSERT INTO reflector_calls (kind, candidate, parents, generation, attempt, prompt_tokens, "
                 "completion_tokens, latency, verdict, created) VALUES (?,?,?,?,?,?,?,?,?,?)",
                 (call.kind, call.candidate, json.dumps(list(call.parents)), call.generation, call.attempt,
-                 call.prompt_tokens, call.completion_tokens, call.latency, call.verdict, time.time()))
+                 call.prompt_tokens, call.completion_tokens, call.latency, scrub(call.verdict), time.time()))
 
     def reflector_tokens(self) -> tuple[int, int, int]:
         """(calls, prompt tokens, completion tokens) over the whole run."""

@@ -26,7 +26,7 @@ from typing import Any
 from compressor_2.archive.database import ARCHIVE_FILE, RunArchive
 from compressor_2.config import Config
 from compressor_2.data.example import Example
-from compressor_2.errors import ConfigError
+from compressor_2.errors import ConfigError, RunError
 from compressor_2.evolution.best import DELTAS_BEST, PROCESSOR_BEST, BestEver
 from compressor_2.evolution.budget import Budget, Limits, shortfall
 from compressor_2.evolution.lock import run_lock
@@ -133,11 +133,14 @@ def evolve(config: Config) -> None:
                 budget.checkpoint()
                 archive.event("stop", reason=reason)
             say(final_line(reason, best))
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, RunError) as exc:
             with contextlib.suppress(Exception), signals_ignored():
                 if budget is not None:
                     budget.checkpoint()
-                archive.event("interrupted")
+                if isinstance(exc, KeyboardInterrupt):
+                    archive.event("interrupted")
+                else:
+                    archive.event("failed", error=str(exc))
             raise
         finally:
             pool.shutdown(wait=False, cancel_futures=True)

@@ -15,7 +15,8 @@ from typing import Any
 
 import openai
 
-from compressor_2.api_key import api_key_from_env
+from compressor_2.api_key import api_key_from_env, remember, scrub
+from compressor_2.endpoint import check_reachable
 from compressor_2.config import Config
 from compressor_2.errors import RunError
 from compressor_2.judges.base import JudgeItem, Verdict
@@ -50,13 +51,14 @@ class LLMJudge:
         self.base_url = base_url
         self.tolerance = tolerance
         self.concurrency = concurrency
-        self._key = api_key
+        remember(api_key)
         self._client = openai.OpenAI(api_key=api_key, base_url=base_url, timeout=timeout,
                                      max_retries=max_retries)
 
     @classmethod
     def from_config(cls, config: Config) -> LLMJudge:
         key = api_key_from_env(config.judge_api_key_env, "the judge", "JUDGE_API_KEY_ENV")
+        check_reachable(config.judge_base_url, "the judge API", "JUDGE_BASE_URL")
         return cls(config.judge_model, config.judge_base_url, key, config.correctness_tolerance)
 
     def judge(self, items: Sequence[JudgeItem]) -> list[Verdict]:
@@ -103,8 +105,7 @@ class LLMJudge:
         return self._scrub(f"judge call to {self.base_url} failed after retries: {detail}")
 
     def _scrub(self, message: str) -> str:
-        # Servers sometimes echo the credential in error bodies.
-        return message.replace(self._key, "***")
+        return scrub(message)
 
 
 def _parse_verdict(content: str | None) -> Verdict | None:

@@ -13,7 +13,8 @@ from typing import Any
 
 import openai
 
-from compressor_2.api_key import api_key_from_env
+from compressor_2.api_key import api_key_from_env, remember, scrub
+from compressor_2.endpoint import check_reachable
 from compressor_2.config import Config
 from compressor_2.errors import RunError
 from compressor_2.reflector.base import (
@@ -32,12 +33,14 @@ class OpenAIProposer:
     def __init__(self, model: str, base_url: str, key: str, timeout: float, max_retries: int) -> None:
         self.model = model
         self.base_url = base_url
+        remember(key)
         self._client = openai.OpenAI(api_key=key, base_url=base_url, timeout=timeout,
                                      max_retries=max_retries)
 
     @classmethod
     def from_config(cls, config: Config) -> OpenAIProposer:
         key = api_key_from_env(config.reflector_api_key_env, "the reflector", "REFLECTOR_API_KEY_ENV")
+        check_reachable(config.reflector_base_url, "the reflector API", "REFLECTOR_BASE_URL")
         return cls(config.reflector_model, config.reflector_base_url, key, config.reflector_timeout,
                    config.reflector_max_retries)
 
@@ -71,7 +74,7 @@ class OpenAIProposer:
                 f"{self.model!r}: check CONFIG_REFLECTOR_BASE_URL, CONFIG_REFLECTOR_MODEL and the key"
             ) from None
         except openai.APIError as exc:
-            return Reply(None, Usage(calls=1), error=f"{type(exc).__name__}: {exc.message}")
+            return Reply(None, Usage(calls=1), error=scrub(f"{type(exc).__name__}: {exc.message}"))
         usage = response.usage
         content = response.choices[0].message.content if response.choices else None
         return Reply(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from compressor_2.api_key import scrub
 from compressor_2.atomic import atomic_write_text
 from compressor_2.reflector.base import Message, Reply
 
@@ -32,4 +33,4 @@ class PromptLog:
                   "===== verdict =====", verdict,
                   f"usage: prompt_tokens={reply.usage.prompt_tokens} "
                   f"completion_tokens={reply.usage.completion_tokens}"]
-        atomic_write_text(self.path(generation, call, child, attempt), "\n".join(parts) + "\n")
+        atomic_write_text(self.path(generation, call, child, attempt), scrub("\n".join(parts) + "\n"))

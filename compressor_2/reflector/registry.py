@@ -41,4 +41,5 @@ def make_reflector(config: Config, clusters: ClusterSet,
     proposer = PROPOSERS[config.reflector](config, clusters)
     label = f"openai {config.reflector_model}" if config.reflector == "openai" else proposer.name
     log = PromptLog(config.output_dir / "reflector_prompts", label)
-    return ValidatingReflector(proposer, clusters.descriptions, config.reflector_answer_max_chars, log, recorder)
+    return ValidatingReflector(proposer, clusters.descriptions, config.reflector_answer_max_chars, log, recorder,
+                               config.reflector_max_consecutive_failures if config.reflector == "openai" else 0)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from compressor_2.archive.database import CallRecord
+from compressor_2.errors import ReflectorUnavailable
 from compressor_2.reflector.base import (
     MergeRequest, MergeResult, MutationRequest, MutationResult, Proposer, Reply, Selected, SelectionRequest,
     SelectionResult, Usage, VectorRequest, VectorResult,
@@ -148,8 +149,12 @@ class ValidatingReflector:
     attempt also goes to `recorder` (the run archive's reflector-call table) when given."""
 
     def __init__(self, proposer: Proposer, descriptions: Mapping[str, Any], answer_max_chars: int,
-                 log: PromptLog | None = None, recorder: Callable[[CallRecord], None] | None = None) -> None:
+                 log: PromptLog | None = None, recorder: Callable[[CallRecord], None] | None = None,
+                 max_consecutive_failures: int = 0) -> None:
         self.proposer = proposer
+        self.max_consecutive_failures = max_consecutive_failures  # 0: never stop
+        self._failures = 0
+        self._stopped: str | None = None  # why the run stops, once too many calls failed
         self.descriptions = descriptions
         self.answer_max_chars = answer_max_chars
         self.log = log
@@ -206,17 +211,26 @@ class ValidatingReflector:
         """The first attempt and one retry: (parsed reply or None, attempts, usage, why rejected)."""
         usage, rejected = Usage(), []
         for attempt in range(1, ATTEMPTS + 1):
+            if self._stopped is not None:  # calls queued behind the one that gave up make none
+                raise ReflectorUnavailable(self._stopped)
             started = time.perf_counter()
             reply = ask(attempt)
             latency = time.perf_counter() - started
             usage += reply.usage
             with self._lock:
                 self.usage += reply.usage
+                self._failures = self._failures + 1 if reply.content is None else 0
+                dead = 0 < self.max_consecutive_failures <= self._failures
             try:
                 parsed = parse(reply)
             except InvalidOutput as exc:
                 rejected.append(str(exc))
                 self._finish(call, attempt, messages, reply, f"rejected: {exc}", latency)
+                if dead:
+                    where = getattr(self.proposer, "base_url", self.proposer.name)
+                    self._stopped = (f"the reflector at {where} failed {self._failures} calls in a row "
+                                     f"(CONFIG_REFLECTOR_MAX_CONSECUTIVE_FAILURES); the last error: {reply.error}")
+                    raise ReflectorUnavailable(self._stopped)
                 continue
             self._finish(call, attempt, messages, reply, "accepted", latency)
             return parsed, attempt, usage, tuple(rejected)

@@ -33,6 +33,7 @@ from deap import base, tools
 
 from compressor_2.archive.database import Candidate
 from compressor_2.config import Config
+from compressor_2.errors import ReflectorUnavailable
 from compressor_2.evolution.budget import Cost
 from compressor_2.evolution.history import HISTORY_FILE, Work, entry, load_history, population_stats, save_history
 from compressor_2.evolution.individual import Individual, initial_population, invalidate, make_toolbox, new_individual
@@ -41,7 +42,14 @@ from compressor_2.evolution.plots import FITNESS_PLOT, LENGTHS_PLOT, plot_fitnes
 from compressor_2.evolution.progress import answers_bar, generation_line, ordinal, say
 from compressor_2.evolution.run import Run, resume_command, signals_ignored
 from compressor_2.evolution.state import (
-    STATE_FILE, EvolutionState, Member, capture_rng, load_state, restore_rng, save_state, seed_rng,
+    STATE_FILE,
+    EvolutionState,
+    Member,
+    capture_rng,
+    load_state,
+    restore_rng,
+    save_state,
+    seed_rng,
 )
 from compressor_2.evolution.tree import TREE_FILE, EvolutionTree, mut_id, pop_id, pre_id
 from compressor_2.reflector.base import PopulationMember, Selected, SelectionRequest
@@ -96,9 +104,9 @@ def run(run: Run) -> str:
                 return reason
             ga.snapshot = ga.state(g, population)
             population = generation(ga, g, population)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, ReflectorUnavailable) as exc:
         if ga.snapshot is not None:
-            ga.persist_interrupted()
+            ga.persist_interrupted("interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped")
         raise
     ga.stop(config.ngen, population, reason := f"all {config.ngen} generations ran")
     return reason
@@ -316,12 +324,12 @@ class GA:
             self.history[-1]["stop_reason"] = reason
             save_history(self.run.out / HISTORY_FILE, self.history)
 
-    def persist_interrupted(self) -> None:
+    def persist_interrupted(self, why: str) -> None:
         assert self.snapshot is not None
         out = self.run.out
         with signals_ignored():
             save_state(out / STATE_FILE, replace(self.snapshot, best_individual=self.run.best.member,
                                                  best_fitness=self.run.best.fitness))
-        print(f"\ninterrupted: state saved to {out / STATE_FILE}; generation "
+        print(f"\n{why}: state saved to {out / STATE_FILE}; generation "
               f"{ordinal(self.snapshot.generation, self.run.config.ngen)} starts again when you rerun the same "
               f"command: {resume_command()}", file=sys.stderr)

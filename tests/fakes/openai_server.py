@@ -42,8 +42,10 @@ def error_body(message: str, code: str = "server_error") -> dict[str, Any]:
 
 
 class FakeOpenAIServer:
-    def __init__(self, responder: Responder) -> None:
+    def __init__(self, responder: Callable[..., tuple[int, Any]], with_headers: bool = False) -> None:
+        """`with_headers`: the responder also receives the request's headers (to echo them)."""
         self.responder = responder
+        self.with_headers = with_headers
         self.requests: list[SeenRequest] = []
         self._lock = threading.Lock()
         server = self
@@ -54,7 +56,8 @@ class FakeOpenAIServer:
                 body = json.loads(self.rfile.read(length) or b"{}")
                 with server._lock:
                     server.requests.append(SeenRequest(self.path, dict(self.headers), body))
-                status, payload = server.responder(body)
+                status, payload = (server.responder(body, dict(self.headers)) if server.with_headers
+                                   else server.responder(body))
                 data = (payload if isinstance(payload, str) else json.dumps(payload)).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
