@@ -52,12 +52,14 @@ def _build_clusters(config: Config, args: argparse.Namespace) -> None:
 def _generate_processor_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--deltas", type=Path, required=True, help="delta JSON {cluster id: float}")
     parser.add_argument("--out", type=Path, required=True, help="where to write the processor module")
+    parser.add_argument("--force", action="store_true",
+                        help="use deltas recorded for other clusters than the current ones")
 
 
 def _generate_processor(config: Config, args: argparse.Namespace) -> None:
     from compressor_2.steering.generate import generate_processor
 
-    generate_processor(config, deltas_path=args.deltas, out=args.out)
+    generate_processor(config, deltas_path=args.deltas, out=args.out, force=args.force)
 
 
 def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,6 +72,8 @@ def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="'all' or indices/ranges such as '0,3,5-9' (default: the training pool)")
     parser.add_argument("--out", type=Path, default=None, help="write per-example records as JSON here "
                         "(default: CONFIG_OUTPUT_DIR/evaluation_<deltas file name or baseline>.json)")
+    parser.add_argument("--force", action="store_true",
+                        help="use deltas recorded for other clusters than the current ones")
 
 
 def _evaluate(config: Config, args: argparse.Namespace) -> None:
@@ -77,7 +81,7 @@ def _evaluate(config: Config, args: argparse.Namespace) -> None:
 
     if args.data is not None:
         config = dataclasses.replace(config, financebench_jsonl_path=args.data)
-    run_evaluate(config, deltas_path=args.deltas, indices=args.indices, out=args.out)
+    run_evaluate(config, deltas_path=args.deltas, indices=args.indices, out=args.out, force=args.force)
 
 
 def _evolve(config: Config, args: argparse.Namespace) -> None:

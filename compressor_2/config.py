@@ -153,6 +153,7 @@ class Config:
     pca_components: int
     num_clusters: int
     embed_batch_size: int
+    cluster_seed: int
 
     def summary(self) -> str:
         """The resolved settings, one `name = value` a line, for `check-config`."""
@@ -439,6 +440,7 @@ def _build(r: _Reader) -> Config:
         pca_components=r.integer("PCA_COMPONENTS"),
         num_clusters=r.integer("NUM_CLUSTERS"),
         embed_batch_size=r.integer("EMBED_BATCH_SIZE"),
+        cluster_seed=r.integer("CLUSTER_SEED"),
     )
 
 

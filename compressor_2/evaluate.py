@@ -16,13 +16,14 @@ from compressor_2.atomic import atomic_write_json
 from compressor_2.config import Config
 from compressor_2.data.example import Example
 from compressor_2.fitness import Evaluation, Evaluator
-from compressor_2.steering.deltas import canonical_ids, load_deltas, to_dict, to_list
+from compressor_2.steering.deltas import canonical_ids, check_fingerprint, load_deltas, to_dict, to_list
 
 
 
 def run_evaluate(config: Config, deltas_path: Path | None, indices: str | None,
-                 out: Path | None) -> None:
+                 out: Path | None, force: bool = False) -> None:
     from compressor_2.clusters.build import build_clusters
+    from compressor_2.clusters.clusterset import cluster_map_digest
     from compressor_2.data.financebench import examples_from_config
     from compressor_2.engines.registry import make_engine
     from compressor_2.judges.registry import make_judge
@@ -30,6 +31,8 @@ def run_evaluate(config: Config, deltas_path: Path | None, indices: str | None,
     clusters = build_clusters(config)
     ids = canonical_ids(clusters.cluster_ids)
     # Every input is checked before the model loads: a typo should cost seconds.
+    if deltas_path is not None:
+        check_fingerprint(deltas_path, cluster_map_digest(clusters), force)
     deltas = to_list(load_deltas(deltas_path, ids)) if deltas_path is not None else [0.0] * len(ids)
     examples = examples_from_config(config, indices)
     judge = make_judge(config)

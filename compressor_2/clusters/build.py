@@ -139,9 +139,9 @@ def _rebuild(config: Config, paths: ArtifactPaths, vocab: Vocabulary, inputs: di
     embeddings, reused = _embeddings(config, paths, vocab)
     selected = embeddings[kmeans_ids]
     components = min(config.pca_components, *selected.shape)
-    pca = PCA(n_components=components, random_state=config.seed).fit(selected)
+    pca = PCA(n_components=components, random_state=config.cluster_seed).fit(selected)
     points = pca.transform(selected)
-    kmeans = KMeans(n_clusters=k, random_state=config.seed, n_init=KMEANS_RESTARTS).fit(points)
+    kmeans = KMeans(n_clusters=k, random_state=config.cluster_seed, n_init=KMEANS_RESTARTS).fit(points)
     token_clusters[kmeans_ids] = kmeans.labels_ + 2
     descriptions = describe_clusters(vocab, token_clusters, points, kmeans.cluster_centers_)
 
@@ -156,7 +156,7 @@ def _rebuild(config: Config, paths: ArtifactPaths, vocab: Vocabulary, inputs: di
         "tokenizer_files": files,
         "vocab_size": len(vocab),
         "cluster_ids": list(cluster_ids),
-        "sha256": {str(p): file_sha256(p) for p in (paths.token_clusters, paths.descriptions)},
+        "sha256": {paths.key(p): file_sha256(p) for p in (paths.token_clusters, paths.descriptions)},
         "initial_deltas": _sync_initial_deltas(paths, cluster_ids, previous),
     }
     # Last: only now is the set complete.

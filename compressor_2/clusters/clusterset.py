@@ -43,6 +43,15 @@ class ClusterSet:
     fingerprint: str
 
 
+def cluster_map_digest(clusters: ClusterSet) -> str:
+    """What a deltas file depends on: which token is in which cluster, and the cluster ids.
+    Unlike the build fingerprint it holds no path, so the same clusters built on another
+    machine (or a copied directory) have the same digest."""
+    digest = hashlib.sha256(np.ascontiguousarray(clusters.token_clusters, dtype=np.int64).tobytes())
+    digest.update(",".join(clusters.cluster_ids).encode())
+    return digest.hexdigest()
+
+
 @dataclass(frozen=True)
 class ArtifactPaths:
     cluster_dir: Path
@@ -70,6 +79,14 @@ class ArtifactPaths:
             initial_deltas=config.initial_deltas_path.resolve(),
         )
 
+    def key(self, path: Path) -> str:
+        """How the record names an artifact: relative to the cluster directory when inside
+        it, so a copied directory is still recognised."""
+        try:
+            return str(path.relative_to(self.cluster_dir))
+        except ValueError:
+            return str(path)
+
     def built(self) -> tuple[Path, ...]:
         return (self.embeddings, self.pca, self.kmeans, self.token_clusters, self.descriptions)
 
@@ -88,7 +105,7 @@ def config_inputs(config: Config) -> dict[str, Any]:
         "embedding_model": config.embedding_model,
         "pca_components": config.pca_components,
         "num_clusters": config.num_clusters,
-        "seed": config.seed,
+        "seed": config.cluster_seed,  # the key predates CONFIG_CLUSTER_SEED: same value, same fingerprint
     }
 
 
@@ -120,7 +137,7 @@ def record_problem(record: dict[str, Any] | None, paths: ArtifactPaths) -> str |
         return f"{missing[0]} is missing"
     hashes = record.get("sha256", {})
     for path in (paths.token_clusters, paths.descriptions):
-        if hashes.get(str(path)) != file_sha256(path):
+        if hashes.get(paths.key(path), hashes.get(str(path))) != file_sha256(path):
             return f"{path} does not match the build that recorded it (modified or half-written)"
     return None
 
@@ -130,7 +147,7 @@ def changed_input(recorded: dict[str, Any], current: dict[str, Any]) -> str | No
         if recorded.get(key) != value:
             name = {"model_path": "CONFIG_MODEL_PATH", "embedding_model": "CONFIG_EMBEDDING_MODEL",
                     "pca_components": "CONFIG_PCA_COMPONENTS", "num_clusters": "CONFIG_NUM_CLUSTERS",
-                    "seed": "CONFIG_SEED"}.get(key, f"the {key} version")
+                    "seed": "CONFIG_CLUSTER_SEED"}.get(key, f"the {key} version")
             return f"{name} is {value!r} but the clusters were built with {recorded.get(key)!r}"
     return None
 

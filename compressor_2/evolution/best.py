@@ -10,6 +10,7 @@ from compressor_2.atomic import atomic_write_json
 from compressor_2.evolution.progress import say
 from compressor_2.evolution.state import Member
 from compressor_2.fitness import Evaluation
+from compressor_2.steering.deltas import write_fingerprint
 
 DELTAS_BEST = "deltas_best.json"
 PROCESSOR_BEST = "processor_best.py"
@@ -19,8 +20,9 @@ WriteProcessor = Callable[[Path, Path], None]  # (deltas JSON, processor module)
 
 class BestEver:
     def __init__(self, output_dir: Path, cluster_ids: Sequence[str], write_processor: WriteProcessor,
-                 member: Member | None = None, fitness: float | None = None) -> None:
+                 member: Member | None = None, fitness: float | None = None, cluster_fingerprint: str = "") -> None:
         self.output_dir = output_dir
+        self.cluster_fingerprint = cluster_fingerprint
         self.cluster_ids = list(cluster_ids)
         self.write_processor = write_processor
         self.member = member
@@ -38,6 +40,8 @@ class BestEver:
             assert self.member is not None
             deltas_path = self.output_dir / DELTAS_BEST
             atomic_write_json(deltas_path, self.member.deltas)
+            if self.cluster_fingerprint:
+                write_fingerprint(deltas_path, self.cluster_fingerprint)
             self.write_processor(deltas_path, self.output_dir / PROCESSOR_BEST)
             say(f"new best fitness {self.fitness:.4f} (candidate {self.member.candidate_id}, "
                 f"{improved.mean_tokens:.1f} tokens, {100 * improved.correctness:.0f}% correct): "

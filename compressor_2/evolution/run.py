@@ -94,6 +94,7 @@ class Run:
 
 def evolve(config: Config) -> None:
     from compressor_2.clusters.build import build_clusters
+    from compressor_2.clusters.clusterset import cluster_map_digest
     from compressor_2.data.financebench import examples_from_config
     from compressor_2.engines.registry import LazyEngine
     from compressor_2.judges.registry import make_judge
@@ -125,7 +126,8 @@ def evolve(config: Config) -> None:
                 warning = shortfall(budget.limits, budget.spent(), strategy.estimate(config, len(examples)))
                 if warning:
                     say(f"warning: {warning}")
-                best = BestEver(out, ids, lambda d, o: quietly(generate_processor, config, deltas_path=d, out=o))
+                best = BestEver(out, ids, lambda d, o: quietly(generate_processor, config, deltas_path=d, out=o),
+                                cluster_fingerprint=cluster_map_digest(clusters))
                 run = Run(config, ids, examples, archive, evaluator, reflector, pool, budget, best,
                           time.perf_counter())
                 archive.event("start", strategy=config.strategy, metric_calls=archive.metric_calls())

@@ -58,3 +58,33 @@ def to_dict(values: Sequence[float], ids: Sequence[str]) -> Deltas:
     if len(values) != len(ids):
         raise ValueError(f"{len(values)} deltas for {len(ids)} clusters")
     return {cid: float(v) for cid, v in zip(ids, values)}
+
+
+def fingerprint_path(deltas_path: Path) -> Path:
+    """The sidecar that records which clusters a deltas file was made for: the deltas file
+    itself stays a plain {cluster id: float} map."""
+    return deltas_path.with_name(deltas_path.stem + ".clusters.json")
+
+
+def write_fingerprint(deltas_path: Path, fingerprint: str) -> None:
+    """`fingerprint`: the clusters' `cluster_map_digest`."""
+    from compressor_2.atomic import atomic_write_json
+
+    atomic_write_json(fingerprint_path(deltas_path), {"cluster_map": fingerprint})
+
+
+def check_fingerprint(deltas_path: Path, fingerprint: str, force: bool) -> None:
+    """Refuses deltas recorded for other clusters than `fingerprint` (unless `force`): the
+    same cluster ids would steer other tokens. A file without a record is not checked."""
+    sidecar = fingerprint_path(deltas_path)
+    if force or not sidecar.is_file():
+        return
+    try:
+        recorded = json.loads(sidecar.read_text(encoding="utf-8"))["cluster_map"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"'{sidecar}' cannot be read ({exc}); remove it, or pass --force") from None
+    if recorded != fingerprint:
+        raise ConfigError(f"'{deltas_path}' was evolved on clusters {recorded[:12]}, but the current clusters are "
+                          f"{fingerprint[:12]}: the same ids would steer other tokens. Build the clusters it was "
+                          "evolved on (the same model, CONFIG_NUM_CLUSTERS, CONFIG_PCA_COMPONENTS and "
+                          "CONFIG_CLUSTER_SEED), or pass --force")

@@ -1,0 +1,68 @@
+"""Issue K, item 3: deltas are never applied to clusters they were not evolved on. The
+clusters have their own seed; every deltas_best.json records its cluster map in a
+sidecar that `evaluate` and `generate-processor` check; a copied cluster directory is
+still recognised."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from compressor_2.cli import main
+from compressor_2.clusters.build import build_clusters
+from compressor_2.evolution.run import evolve
+from tests.test_evolution_support import config_for, read_json, write_config
+
+pytestmark = pytest.mark.slow
+
+
+def test_another_evolution_seed_keeps_the_clusters(tmp_path, shared, tiny_model_dir, capsys):
+    first = build_clusters(config_for(tmp_path, shared, tiny_model_dir))
+    capsys.readouterr()
+    again = build_clusters(config_for(tmp_path, shared, tiny_model_dir, SEED="7"))
+    assert "clusters up to date" in capsys.readouterr().out
+    assert again.fingerprint == first.fingerprint
+
+
+def test_deltas_for_other_clusters_are_refused_unless_forced(tmp_path, shared, tiny_model_dir, capsys):
+    config = config_for(tmp_path, shared, tiny_model_dir, NGEN="1")
+    evolve(config)
+    best = config.output_dir / "deltas_best.json"
+    sidecar = config.output_dir / "deltas_best.clusters.json"
+    assert set(read_json(sidecar)) == {"cluster_map"} and all(k.isdigit() for k in read_json(best))
+
+    same = str(tmp_path / "test.config")
+    out = tmp_path / "p.py"
+    assert main(["generate-processor", "--config", same, "--deltas", str(best), "--out", str(out)]) == 0
+
+    # Other clusters under the same ids: a cluster directory built with another seed.
+    other_dir = tmp_path / "other_clusters"
+    other = write_config(tmp_path, shared, tiny_model_dir, CLUSTER_SEED="3", CLUSTER_DIR=f'"{other_dir}"',
+                         CLUSTER_DESCRIPTIONS_PATH=f'"{other_dir / "cluster_descriptions.json"}"',
+                         INITIAL_DELTAS_PATH=f'"{other_dir / "initial_deltas.json"}"')
+    assert main(["build-clusters", "--config", str(other)]) == 0
+    capsys.readouterr()
+    for command in (["evaluate", "--deltas", str(best)],
+                    ["generate-processor", "--deltas", str(best), "--out", str(out)]):
+        assert main([command[0], "--config", str(other), *command[1:]]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "was evolved on clusters" in err[0] and "--force" in err[0]
+    assert main(["generate-processor", "--config", str(other), "--deltas", str(best), "--out", str(out),
+                 "--force"]) == 0
+
+
+def test_a_copied_cluster_directory_is_recognised(tmp_path, shared, tiny_model_dir, capsys):
+    build_clusters(config_for(tmp_path, shared, tiny_model_dir))
+    copy = tmp_path / "copied_clusters"
+    shutil.copytree(shared / "clusters", copy)
+    capsys.readouterr()
+    config = config_for(tmp_path, shared, tiny_model_dir, CLUSTER_DIR=f'"{copy}"',
+                        CLUSTER_DESCRIPTIONS_PATH=f'"{copy / "cluster_descriptions.json"}"',
+                        INITIAL_DELTAS_PATH=f'"{copy / "initial_deltas.json"}"')
+    build_clusters(config)
+    out = capsys.readouterr().out
+    assert "clusters up to date" in out and "modified" not in out
+    assert json.loads((copy / "fingerprint.json").read_text())["fingerprint"] == json.loads(
+        (shared / "clusters" / "fingerprint.json").read_text())["fingerprint"]
