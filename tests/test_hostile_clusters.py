@@ -66,3 +66,28 @@ def test_a_copied_cluster_directory_is_recognised(tmp_path, shared, tiny_model_d
     assert "clusters up to date" in out and "modified" not in out
     assert json.loads((copy / "fingerprint.json").read_text())["fingerprint"] == json.loads(
         (shared / "clusters" / "fingerprint.json").read_text())["fingerprint"]
+
+
+def test_a_run_on_other_clusters_does_not_rebuild_a_directory_in_use(tmp_path, shared, tiny_model_dir):
+    import subprocess
+    import sys
+
+    from compressor_2.errors import RunError
+
+    config = config_for(tmp_path, shared, tiny_model_dir)
+    build_clusters(config)
+    lock = shared / "clusters" / ".lock"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR); "
+         "fcntl.flock(fd, fcntl.LOCK_SH); print('held', flush=True); time.sleep(60)", str(lock)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        before = (shared / "clusters" / "fingerprint.json").read_bytes()
+        build_clusters(config)  # the same clusters: shared with the other run
+        with pytest.raises(RunError, match="is in use by another run on other clusters .*CONFIG_CLUSTER_SEED"):
+            build_clusters(config_for(tmp_path, shared, tiny_model_dir, CLUSTER_SEED="9"))
+        assert (shared / "clusters" / "fingerprint.json").read_bytes() == before
+    finally:
+        holder.kill()
+        holder.wait()

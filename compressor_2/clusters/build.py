@@ -11,8 +11,10 @@ clusterset.py), and reuses `embeddings.npy` when only PCA size, k or seed change
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -37,18 +39,25 @@ from compressor_2.clusters.embed import MAX_PIECES, embed_texts
 from compressor_2.clusters.special import RULES_VERSION, number_token_ids, strip_markers
 from compressor_2.clusters.vocab import Vocabulary, load_vocabulary, tokenizer_files_digest
 from compressor_2.config import Config
-from compressor_2.errors import ConfigError
+from compressor_2.errors import ConfigError, RunError
 from compressor_2.steering.deltas import load_deltas
 
 __all__ = ["ClusterSet", "build_clusters"]
 
 KMEANS_RESTARTS = 4
+LOCK_FILE = ".lock"
 
 
 def build_clusters(config: Config, force: bool = False) -> ClusterSet:
-    """Build (or reuse) the clusters of `config.model_path`'s tokenizer; prints one summary line."""
+    """Build (or reuse) the clusters of `config.model_path`'s tokenizer; prints one summary line.
+
+    The process holds a shared lock on the cluster directory from here to its exit, and
+    a rebuild needs it exclusively: a run whose clusters differ is refused at once rather
+    than rebuilding the directory under a run that uses it."""
     started = time.perf_counter()
     paths = ArtifactPaths.from_config(config)
+    lock = _directory_lock(paths.cluster_dir)
+    fcntl.flock(lock, fcntl.LOCK_SH)  # waits while another process rebuilds
     files = tokenizer_files_digest(config.model_path)
     record = read_record(paths)
     previous = record if not force and record_problem(record, paths) is None else None
@@ -64,7 +73,26 @@ def build_clusters(config: Config, force: bool = False) -> ClusterSet:
             previous["tokenizer_files"] = files
             atomic_write_json(paths.record, previous)
         return _up_to_date(paths, previous, started)
-    return _rebuild(config, paths, vocab, inputs, files, record, started)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        why = changed_input(record.get("inputs", {}) if record else {}, config_inputs(config)) or "a rebuild"
+        raise RunError(f"'{paths.cluster_dir}' is in use by another run on other clusters ({why}): wait for it "
+                       "to finish, or set another CONFIG_CLUSTER_DIR") from None
+    try:
+        return _rebuild(config, paths, vocab, inputs, files, record, started)
+    finally:
+        fcntl.flock(lock, fcntl.LOCK_SH)
+
+
+_LOCKS: dict[Path, int] = {}  # cluster directory -> the open lock file, held until the process exits
+
+
+def _directory_lock(directory: Path) -> int:
+    if directory not in _LOCKS:
+        directory.mkdir(parents=True, exist_ok=True)
+        _LOCKS[directory] = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    return _LOCKS[directory]
 
 
 def _up_to_date(paths: ArtifactPaths, record: dict[str, Any], started: float) -> ClusterSet:
