@@ -20,7 +20,9 @@ from compressor_2.evolution.run import evolve
 from compressor_2.fitness import Record
 from compressor_2.reflector.base import Reply, Usage
 from compressor_2.reflector.local import LocalProposer
-from tests.test_evolution_support import config_for, query, read_json, whole_and_resumed
+from tests.test_evolution_support import (
+    config_for, interrupted_then_resumed, query, read_json, whole_and_resumed,
+)
 
 ARCHIVE = {"STRATEGY_ARCHIVE": "y", "ARCHIVE_ITERATIONS": "3"}
 
@@ -184,18 +186,7 @@ def test_an_archive_run_interrupted_mid_iteration_resumes_to_the_same_end(tmp_pa
     whole.mkdir()
     cut.mkdir()
     evolve(config_for(whole, shared, tiny_model_dir, **ARCHIVE))
-    original = LocalProposer.mutation
-
-    def interrupt_in_iteration_1(self, request, messages, attempt):
-        if request.generation == 1:
-            raise KeyboardInterrupt
-        return original(self, request, messages, attempt)
-
-    monkeypatch.setattr(LocalProposer, "mutation", interrupt_in_iteration_1)
-    with pytest.raises(KeyboardInterrupt):
-        evolve(config_for(cut, shared, tiny_model_dir, **ARCHIVE))
-    monkeypatch.setattr(LocalProposer, "mutation", original)
-    evolve(config_for(cut, shared, tiny_model_dir, **ARCHIVE))
+    interrupted_then_resumed(cut, shared, tiny_model_dir, ARCHIVE, 1, monkeypatch)
     for sql in ("SELECT id, operator, deltas, scratchpad, status, note, fitness FROM candidates ORDER BY id",
                 "SELECT * FROM feedback ORDER BY candidate"):
         assert query(whole / "out", sql) == query(cut / "out", sql), sql

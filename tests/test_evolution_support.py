@@ -80,6 +80,29 @@ def whole_and_resumed(tmp_path: Path, shared: Path, model_dir: Path, symbols: di
     return whole / "out", split / "out"
 
 
+def interrupted_then_resumed(work: Path, shared: Path, model_dir: Path, symbols: dict[str, str], step: int,
+                             monkeypatch) -> None:
+    """A run with `symbols` in `work` that Ctrl+C stops inside step `step` (a local
+    mutation call raises KeyboardInterrupt there), then the same command rerun to its end."""
+    import pytest
+
+    from compressor_2.evolution.run import evolve
+    from compressor_2.reflector.local import LocalProposer
+
+    original = LocalProposer.mutation
+
+    def interrupt(self, request, messages, attempt):  # noqa: ANN001, ANN202 - the proposer's signature
+        if request.generation == step:
+            raise KeyboardInterrupt
+        return original(self, request, messages, attempt)
+
+    monkeypatch.setattr(LocalProposer, "mutation", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        evolve(config_for(work, shared, model_dir, **symbols))
+    monkeypatch.setattr(LocalProposer, "mutation", original)
+    evolve(config_for(work, shared, model_dir, **symbols))
+
+
 def query(out: Path, sql: str) -> list[tuple]:
     """Rows of a run's archive (`out` is its output directory)."""
     import sqlite3

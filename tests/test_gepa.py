@@ -16,7 +16,9 @@ from compressor_2.evolution.pareto import (
     mutation_accepted, pareto_front, remove_dominated, select_from_front, stratified_subsample,
 )
 from compressor_2.evolution.run import evolve
-from tests.test_evolution_support import config_for, query, read_json, whole_and_resumed
+from tests.test_evolution_support import (
+    config_for, interrupted_then_resumed, query, read_json, whole_and_resumed,
+)
 
 # Three candidates on four examples: 1 leads a, 2 leads b, 3 ties 2 on c and leads d.
 SCORES = {1: {"a": 0.9, "b": 0.1, "c": 0.5, "d": 0.2},
@@ -202,25 +204,11 @@ def test_the_tree_marks_a_merges_ancestor(tmp_path):
 @pytest.mark.slow
 def test_a_gepa_run_interrupted_mid_iteration_resumes_to_the_same_end(tmp_path, shared, tiny_model_dir,
                                                                       monkeypatch):
-    from compressor_2.reflector.local import LocalProposer
-
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     whole.mkdir()
     cut.mkdir()
     evolve(config_for(whole, shared, tiny_model_dir, **GEPA))
-    original = LocalProposer.mutation
-
-    def interrupt_in_iteration_3(self, request, messages, attempt):
-        if request.generation == 3:
-            raise KeyboardInterrupt
-        return original(self, request, messages, attempt)
-
-    monkeypatch.setattr(LocalProposer, "mutation", interrupt_in_iteration_3)
-    with pytest.raises(KeyboardInterrupt):
-        evolve(config_for(cut, shared, tiny_model_dir, **GEPA))
-    assert read_json(cut / "out" / "gepa_state.json")["iteration"] == 3
-    monkeypatch.setattr(LocalProposer, "mutation", original)
-    evolve(config_for(cut, shared, tiny_model_dir, **GEPA))
+    interrupted_then_resumed(cut, shared, tiny_model_dir, GEPA, 3, monkeypatch)
     assert read_json(whole / "out" / "gepa_state.json") == read_json(cut / "out" / "gepa_state.json")
     sql = "SELECT id, operator, deltas, status, note, fitness FROM candidates ORDER BY id"
     assert query(whole / "out", sql) == query(cut / "out", sql)
