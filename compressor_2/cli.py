@@ -21,6 +21,12 @@ from compressor_2.api_key import ScrubFilter, scrub
 from compressor_2.config import Config, load_config
 from compressor_2.errors import ConfigError, RunError
 
+DESCRIPTION = ("compressor_2: evolve per-cluster logit steering deltas so that an LLM answers briefly "
+               "without answering worse. Configure with `make menuconfig` (writes .config), then run "
+               "`evolve`; `show` reads a run, `evaluate` checks deltas on other questions, "
+               "`generate-processor` writes the SGLang processor to deploy.")
+DEFAULT_CONFIG = Path(".config")
+
 
 @dataclass(frozen=True)
 class Command:
@@ -117,11 +123,13 @@ COMMANDS: tuple[Command, ...] = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m compressor_2", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m compressor_2", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
         cmd = sub.add_parser(command.name, help=command.help, description=command.help)
-        cmd.add_argument("--config", type=Path, required=True, help="the .config written by make menuconfig")
+        cmd.add_argument("--config", type=Path, default=DEFAULT_CONFIG,
+                         help="the config written by make menuconfig (default: .config in the current "
+                         "directory); relative paths in it resolve against the current directory")
         cmd.add_argument("--debug", action="store_true", help="show tracebacks")
         command.add_arguments(cmd)
         cmd.set_defaults(run=command.run)

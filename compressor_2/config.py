@@ -286,7 +286,7 @@ def load_config(path: str | Path) -> Config:
     if not path.is_file():
         raise ConfigError(
             f"config file '{path}' not found: create it with `make defconfig` "
-            "(the embedded default) or `make menuconfig`"
+            "(the embedded default) or `make menuconfig`, or pass --config PATH"
         )
     kconf = kconfiglib.Kconfig(str(KCONFIG_PATH), warn_to_stderr=False)
     kconf.warn_assign_undef = True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -161,8 +162,8 @@ def test_cli_debug_shows_traceback(tmp_path: Path) -> None:
 
 
 def test_cli_usage_error_exit_2() -> None:
-    result = run_cli("check-config")
-    assert result.returncode == 2 and "--config" in result.stderr
+    result = run_cli("check-config", "--bogus")
+    assert result.returncode == 2 and "unrecognized arguments: --bogus" in result.stderr
 
 
 @pytest.mark.parametrize("command", ["check-config", "build-clusters", "generate-processor",
@@ -177,3 +178,20 @@ def test_real_setup_config_loads() -> None:
     assert (config.engine, config.reflector, config.judge) == ("sglang", "openai", "hybrid")
     assert config.sglang_urls == () and config.sglang_allow_remote is False
     assert config.lambda_correctness == pytest.approx(0.6)
+
+
+
+def test_the_top_level_help_describes_the_tool() -> None:
+    result = run_cli("--help")
+    assert result.returncode == 0 and "evolve per-cluster logit steering deltas" in result.stdout
+    assert "one parser, one line per error" not in result.stdout
+
+
+def test_config_defaults_to_dot_config_in_the_current_directory(tmp_path: Path) -> None:
+    (tmp_path / ".config").write_text((REPO / "defconfig").read_text())
+    result = subprocess.run([sys.executable, "-m", "compressor_2", "check-config"], capture_output=True, text=True,
+                            cwd=tmp_path, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0 and result.stdout.startswith(".config: OK")
+    missing = subprocess.run([sys.executable, "-m", "compressor_2", "check-config"], capture_output=True,
+                             text=True, cwd=tmp_path / "..", timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert missing.returncode == 2 and "config file '.config' not found" in missing.stderr
