@@ -187,3 +187,40 @@ def test_sigterm_during_a_reflector_call_then_resume(tmp_path, shared, tiny_mode
     monkeypatch.setattr(LocalProposer, "mutation", original)
     evolve(config_for(tmp_path, shared, tiny_model_dir, NGEN="4"))
     assert read_json(tmp_path / "out" / "evolution_state.json") == read_json(uninterrupted / "evolution_state.json")
+    # The history too, but for what the replay served from the archive instead of generating.
+    counters = ("evaluations_run", "cache_hits", "metric_calls", "seconds")
+    resumed, whole = (
+        [{k: v for k, v in h.items() if k not in counters} for h in read_json(out / "history.json")]
+        for out in (tmp_path / "out", uninterrupted))
+    assert resumed == whole
+
+
+@pytest.mark.slow
+def test_a_best_found_in_the_interrupted_generation_leaves_the_history_as_uninterrupted(
+        tmp_path, shared, tiny_model_dir, uninterrupted, monkeypatch):
+    """Ctrl+C in generation 0 right after its mutated children found a new best: the saved
+    best is that one, yet the replayed history must say what the uninterrupted run's said
+    (the best so far at each point), counters aside."""
+    from compressor_2.archive.database import RunArchive
+
+    original = RunArchive.place
+
+    def interrupt_at_the_first_mutated_placement(self, placements, step):
+        if step == 0 and any(p[3] == "mut" for p in placements):
+            raise KeyboardInterrupt
+        return original(self, placements, step)
+
+    monkeypatch.setattr(RunArchive, "place", interrupt_at_the_first_mutated_placement)
+    with pytest.raises(KeyboardInterrupt):
+        evolve(config_for(tmp_path, shared, tiny_model_dir, NGEN="4"))
+    monkeypatch.setattr(RunArchive, "place", original)
+    saved = read_json(tmp_path / "out" / "evolution_state.json")
+    first = read_json(uninterrupted / "history.json")[0]
+    assert saved["generation"] == 0 and saved["best_fitness"] > first["best_ever_fitness"]
+    evolve(config_for(tmp_path, shared, tiny_model_dir, NGEN="4"))
+    counters = ("evaluations_run", "cache_hits", "metric_calls", "seconds")
+    resumed, whole = (
+        [{k: v for k, v in h.items() if k not in counters} for h in read_json(out / "history.json")]
+        for out in (tmp_path / "out", uninterrupted))
+    assert resumed == whole
+    assert read_json(tmp_path / "out" / "evolution_state.json") == read_json(uninterrupted / "evolution_state.json")

@@ -137,7 +137,7 @@ def generation(ga: GA, g: int, population: list[Individual]) -> list[Individual]
 
     # 1. Evaluate all (only genomes without a valid fitness cost anything), then the elites.
     ga.evaluate([ind for ind in population if not ind.fitness.valid], work, f"gen {g} population")
-    stats = population_stats(g, population, run.best.fitness)
+    stats = population_stats(g, population, ga.best_so_far())
     elite_parents = tools.selBest(population, config.elitism_size)
     elites = [toolbox.clone(ind) for ind in elite_parents]
 
@@ -289,6 +289,13 @@ class GA:
                                                "reasoning": s.reasoning} for s in chosen],
                                "summary": summary, "fallback": fallback}
 
+    def best_so_far(self) -> float | None:
+        """The best fitness among the archive's candidates: what the history reports. After
+        a resume the best-ever may come from the generation being replayed (its files are
+        kept), but the history, like the archive, only knows what has been made again."""
+        best = self.run.archive.best()
+        return best.fitness if best is not None else self.run.best.fitness
+
     def member(self, ind: Individual) -> Member:
         return Member(to_dict(ind, self.run.cluster_ids), ind.scratchpad, ind.candidate_id)
 
@@ -302,7 +309,7 @@ class GA:
         them, so an interruption between the writes never loses a finished generation's
         records."""
         out = self.run.out
-        final = population_stats(g + 1, next_population, self.run.best.fitness)
+        final = population_stats(g + 1, next_population, self.best_so_far())
         self.history[g:] = [entry(stats, work), entry(final, Work())]
         save_history(out / HISTORY_FILE, self.history)
         tree = EvolutionTree.from_archive(self.run.archive)
@@ -319,7 +326,7 @@ class GA:
         """The history ends with the population entering generation g, and why the run
         stopped there."""
         if all(ind.fitness.valid for ind in population):
-            self.history[g:] = [entry(population_stats(g, population, self.run.best.fitness), Work())]
+            self.history[g:] = [entry(population_stats(g, population, self.best_so_far()), Work())]
         if self.history:
             self.history[-1]["stop_reason"] = reason
             save_history(self.run.out / HISTORY_FILE, self.history)
