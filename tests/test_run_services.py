@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -19,7 +18,6 @@ from compressor_2.reflector.local import LocalProposer
 from tests.conftest import REPO
 from tests.fakes.openai_server import FakeOpenAIServer, chat_completion
 from tests.test_evolution_support import config_for, query, read_json, write_config
-from tests.test_resume import start_evolve
 
 pytestmark = pytest.mark.slow
 
@@ -97,16 +95,24 @@ def test_a_reflector_token_budget_counts_every_attempt(tmp_path, shared, tiny_mo
 def test_a_second_evolve_on_a_busy_directory_refuses_at_once(tmp_path, shared, tiny_model_dir):
     config_path = write_config(tmp_path, shared, tiny_model_dir, NGEN="12")
     out = tmp_path / "out"
-    first = start_evolve(config_path)
-    deadline = time.monotonic() + 120  # a hang guard, not a speed assertion
-    while not (out / "run.lock").exists() or (out / "run.lock").read_text().strip() != str(first.pid):
-        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
-        time.sleep(0.02)
+    log = tmp_path / "first.err"
+    with log.open("w") as err:
+        # Unbuffered, so its "evolving ..." line (printed once it holds the lock) arrives at once.
+        first = subprocess.Popen([sys.executable, "-m", "compressor_2", "evolve", "--config", str(config_path)],
+                                 cwd=REPO, stdout=subprocess.PIPE, stderr=err, text=True,
+                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert first.stdout is not None
+    for line in first.stdout:
+        if line.startswith("evolving "):
+            break
+    else:
+        raise AssertionError(f"the first run ended before it started evolving: {log.read_text()}")
+    assert (out / "run.lock").read_text().strip() == str(first.pid)
     second = subprocess.run([sys.executable, "-m", "compressor_2", "evolve", "--config", str(config_path)],
                             cwd=REPO, capture_output=True, text=True, timeout=120)
     still_running = first.poll() is None
-    _, stderr = first.communicate(timeout=300)
-    assert first.returncode == 0, stderr
+    first.communicate(timeout=300)
+    assert first.returncode == 0, log.read_text()
     assert still_running, "the first run ended before the second started: the test proved nothing"
     assert second.returncode == 1
     assert second.stderr.strip().splitlines() == [

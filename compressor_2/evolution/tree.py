@@ -47,6 +47,11 @@ def mut_id(generation: int, j: int) -> str:
     return f"g{generation}_child{j}_mut"
 
 
+def cand_id(candidate: int) -> str:
+    """An archive strategy's node: one per kept candidate."""
+    return f"c{candidate}"
+
+
 class EvolutionTree:
     def __init__(self, graph: nx.DiGraph | None = None) -> None:
         self.graph = graph if graph is not None else nx.DiGraph()

@@ -22,14 +22,16 @@ import math
 import random
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from compressor_2.archive.database import Candidate, genome_key
+from compressor_2.archive.lineage import Lineage
 from compressor_2.atomic import atomic_write_json, atomic_write_text
 from compressor_2.config import ArchiveOptions, Config
 from compressor_2.errors import ConfigError
@@ -43,7 +45,7 @@ from compressor_2.evolution.plots import FITNESS_PLOT, LENGTHS_PLOT, plot_archiv
 from compressor_2.evolution.progress import say
 from compressor_2.evolution.run import Run, resume_command
 from compressor_2.evolution.state import Member, capture_rng_of, load_strategy_state, restore_rng
-from compressor_2.evolution.tree import TREE_FILE, EvolutionTree
+from compressor_2.evolution.tree import TREE_FILE, EvolutionTree, cand_id
 from compressor_2.fitness import Evaluation, Record
 from compressor_2.reflector.base import MergeRequest, MutationRequest, VectorRequest
 from compressor_2.reflector.prompts import estimated_call_tokens
@@ -101,34 +103,36 @@ def run(run: Run) -> str:
 
 
 def iteration(a: Archive, t: int) -> None:
-    options, timer = a.options, Timer()
+    options, seconds = a.options, {}
+    members, lineage = a.members(), a.run.archive.lineage()  # nothing joins the archive before step 6
 
     # 1. Select parents from the archive: quality x novelty.
-    with timer("selection"):
-        parents = a.select_parents()
+    with timed(seconds, "selection"):
+        parents = a.select_parents(members, lineage)
 
     # 2. Sample issue batches from each parent's assessment, and 3. gather feedback memory.
-    with timer("selection"):
+    with timed(seconds, "selection"):
         jobs = [Job(t, i * len(options.generators) + k, parent, generator,
                     sample_issues(a.issues(parent), dict(options.issue_weights), options.issue_batch, a.rng),
-                    a.feedback_for(parent), a.partner_for(parent) if generator == "crossover" else None)
+                    a.feedback_for(parent, lineage),
+                    a.partner_for(parent, members, lineage) if generator == "crossover" else None)
                 for i, parent in enumerate(parents) for k, generator in enumerate(options.generators)]
 
     # 4. Run the generators concurrently (CONFIG_ARCHIVE_GENERATION_CONCURRENCY at a time).
-    with timer("generation"):
+    with timed(seconds, "generation"):
         proposals = list(a.generation_pool.map(a.generate, jobs))
 
     # 5. The post-check gate; rejections go to the archive with their reason.
-    with timer("postcheck"):
+    with timed(seconds, "postcheck"):
         survivors = a.postcheck(t, [p for p in proposals if p is not None])
 
     # 6. Assess the survivors together and append them to the archive.
-    with timer("assessment"):
+    with timed(seconds, "assessment"):
         accepted = a.assess(t, survivors)
 
     # 7. Feedback entries and a snapshot.
     made = [p for p in proposals if p is not None]
-    a.record(t, len(jobs) - len(made), len(made), len(made) - len(survivors), accepted, timer)
+    a.record(t, len(jobs) - len(made), len(made), len(made) - len(survivors), accepted, seconds)
 
 
 @dataclass(frozen=True)
@@ -152,28 +156,14 @@ class Proposal:
     change: str  # the change summary
 
 
-class Timer:
-    """Seconds per stage of an iteration."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-
-    def __call__(self, stage: str) -> _Stage:
-        return _Stage(self, stage)
-
-
-@dataclass
-class _Stage:
-    timer: Timer
-    stage: str
-    started: float = field(default=0.0)
-
-    def __enter__(self) -> None:
-        self.started = time.perf_counter()
-
-    def __exit__(self, *exc: object) -> None:
-        spent = time.perf_counter() - self.started
-        self.timer.seconds[self.stage] = round(self.timer.seconds.get(self.stage, 0.0) + spent, 3)
+@contextmanager
+def timed(seconds: dict[str, float], stage: str) -> Iterator[None]:
+    """Adds the block's wall time to `seconds[stage]`."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        seconds[stage] = round(seconds.get(stage, 0.0) + time.perf_counter() - started, 3)
 
 
 class Archive:
@@ -211,32 +201,31 @@ class Archive:
                                                  correctness=evaluation.correctness)])
         assert seed.id is not None
         self._records[seed.id] = evaluation
-        self.run.archive.place([(_label(seed.id), seed.id, 0, "cand", 0)], SEED_STEP)
+        self.run.archive.place([(cand_id(seed.id), seed.id, 0, "cand", 0)], SEED_STEP)
         self.run.best.consider([(Member(dict(deltas), "", seed.id), evaluation)])
         self.save_state(0)
 
     # -- 1. parents -----------------------------------------------------------------------
 
-    def weights(self, members: Sequence[Candidate]) -> list[float]:
-        lineage = self.run.archive.lineage()
+    def weights(self, members: Sequence[Candidate], lineage: Lineage) -> list[float]:
         scores = [m.fitness or 0.0 for m in members]
         midpoint = midpoint_of(scores, self.options.midpoint, self.options.midpoint_percentile)
         return parent_weights(scores, [lineage.children_count(m.id) for m in members if m.id is not None],
                               self.options.sharpness, midpoint, self.options.novelty_weight)
 
-    def select_parents(self) -> list[Candidate]:
-        members = self.members()
-        chosen = sample_parents([m.id for m in members if m.id is not None], self.weights(members),
+    def select_parents(self, members: Sequence[Candidate], lineage: Lineage) -> list[Candidate]:
+        chosen = sample_parents([m.id for m in members if m.id is not None], self.weights(members, lineage),
                                 self.options.parents_per_iteration, self.options.replace, self.rng)
         by_id = {m.id: m for m in members}
         return [by_id[c] for c in chosen]
 
-    def partner_for(self, parent: Candidate) -> Candidate | None:
+    def partner_for(self, parent: Candidate, members: Sequence[Candidate], lineage: Lineage) -> Candidate | None:
         """Crossover's second parent: another member, by the same weights."""
-        others = [m for m in self.members() if m.id != parent.id]
+        others = [m for m in members if m.id != parent.id]
         if not others:
             return None
-        [pick] = sample_parents([m.id for m in others if m.id is not None], self.weights(others), 1, True, self.rng)
+        [pick] = sample_parents([m.id for m in others if m.id is not None], self.weights(others, lineage), 1, True,
+                                self.rng)
         return next(m for m in others if m.id == pick)
 
     # -- 2. issues, 3. feedback -----------------------------------------------------------
@@ -244,9 +233,9 @@ class Archive:
     def issues(self, parent: Candidate) -> list[Issue]:
         return issues_of(self.evaluation(parent).records, self.gold_tokens)
 
-    def feedback_for(self, parent: Candidate) -> tuple[str, ...]:
+    def feedback_for(self, parent: Candidate, lineage: Lineage) -> tuple[str, ...]:
         assert parent.id is not None
-        scope = feedback_scope(self.run.archive.lineage().graph, parent.id, self.options.feedback_scope,
+        scope = feedback_scope(lineage.graph, parent.id, self.options.feedback_scope,
                                self.options.feedback_depth)
         return tuple(f"#{c} from #{p} by {g}: {change} -> {outcome}"
                      for c, p, _, g, change, outcome in self.run.archive.feedback(scope))
@@ -324,7 +313,7 @@ class Archive:
         for c, e in zip(added, evaluations):
             assert c.id is not None
             self._records[c.id] = e
-        self.run.archive.place([(_label(c.id), c.id, t + 1, "cand", i)
+        self.run.archive.place([(cand_id(c.id), c.id, t + 1, "cand", i)
                                 for i, c in enumerate(added) if c.id is not None], t)
         self.run.best.consider([(Member(dict(c.deltas), c.scratchpad, c.id), e)
                                 for c, e in zip(added, evaluations) if c.id is not None])
@@ -339,7 +328,7 @@ class Archive:
     # -- 7. records -------------------------------------------------------------------------
 
     def record(self, t: int, skipped: int, proposed: int, rejected: int,
-               accepted: Sequence[tuple[Proposal, Candidate, Evaluation]], timer: Timer) -> None:
+               accepted: Sequence[tuple[Proposal, Candidate, Evaluation]], seconds: dict[str, float]) -> None:
         """`skipped`: generator calls that gave no proposal (the reflector's replies were
         invalid twice, or a crossover found no partner)."""
         entries = []
@@ -363,7 +352,7 @@ class Archive:
             "mean_tokens": float(np.mean([m.mean_tokens or 0.0 for m in members])),
             "best_mean_tokens": best.mean_tokens, "best_correctness": best.correctness,
             "proposals": proposed, "skipped": skipped, "rejected": rejected, "accepted": len(accepted),
-            "seconds": timer.seconds, "metric_calls": self.run.archive.metric_calls(),
+            "seconds": seconds, "metric_calls": self.run.archive.metric_calls(),
             "reflector_calls": calls, "reflector_tokens": prompt + completion,
         }
         out = self.run.out
@@ -463,10 +452,6 @@ def _options(config: Config) -> ArchiveOptions:
     if config.archive is None:
         raise ConfigError("CONFIG_STRATEGY_ARCHIVE=y is needed for the archive strategy's options")
     return config.archive
-
-
-def _label(cid: int) -> str:
-    return f"c{cid}"
 
 
 

@@ -17,6 +17,7 @@ every iteration; a rerun resumes it, and the valset scores come back from the ar
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 import statistics
@@ -43,7 +44,7 @@ from compressor_2.evolution.plots import FITNESS_PLOT, LENGTHS_PLOT, plot_archiv
 from compressor_2.evolution.progress import say
 from compressor_2.evolution.run import Run, resume_command
 from compressor_2.evolution.state import Member, capture_rng_of, load_strategy_state, restore_rng
-from compressor_2.evolution.tree import TREE_FILE, EvolutionTree
+from compressor_2.evolution.tree import TREE_FILE, EvolutionTree, cand_id
 from compressor_2.fitness import Evaluation
 from compressor_2.reflector.base import MutationRequest, VectorRequest
 from compressor_2.reflector.prompts import estimated_call_tokens
@@ -125,7 +126,7 @@ class Gepa:
     last_found_new: bool = False
     next_component: dict[str, int] = field(default_factory=dict)  # candidate id -> round-robin index
 
-    @property
+    @functools.cached_property
     def by_id(self) -> dict[str, Example]:
         return {ex.id: ex for ex in self.run.examples}
 
@@ -145,7 +146,7 @@ class Gepa:
         self.sampler = EpochSampler(feedback, self.options.minibatch_size)
         deltas = load_deltas(self.run.config.initial_deltas_path, self.run.cluster_ids)
         seed = self.add(deltas, "", "initial", (), 0, "seed candidate")
-        self.run.archive.place([(f"c{seed}", seed, 0, "cand", 0)], SEED_STEP)
+        self.run.archive.place([(cand_id(seed), seed, 0, "cand", 0)], SEED_STEP)
         self.save_state()
 
     def resume(self, saved: dict[str, Any]) -> None:
@@ -326,7 +327,7 @@ class Gepa:
         """After iteration t: placements, history, front, state, plots, one line."""
         t, archive, out = self.iteration, self.run.archive, self.run.out
         if record.get("accepted"):
-            archive.place([(f"c{record['candidate']}", record["candidate"], t + 1, "cand",
+            archive.place([(cand_id(record["candidate"]), record["candidate"], t + 1, "cand",
                             len(self.pool) - 1)], t)
         aggregates = [self.aggregate(c) for c in self.pool]
         best = max(self.pool, key=lambda c: (self.aggregate(c), -c))
