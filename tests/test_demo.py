@@ -13,9 +13,9 @@ import pytest
 from compressor_2.data.financebench import load_examples
 from compressor_2.demo import task
 from compressor_2.demo.answers import direct_answer, padded_answer
-from compressor_2.demo.task import KINDS, SINGLE, TWO, YES_NO, generate, write_splits
+from compressor_2.demo.task import DISCLOSURES, KINDS, LABELS, YES_NO, generate, write_splits
 from compressor_2.judges.base import JudgeItem
-from compressor_2.judges.numeric import NumericJudge, extract_figures
+from compressor_2.judges.numeric import NumericJudge
 
 FIELDS = {"financebench_id", "company", "doc_name", "question_type", "question", "answer", "evidence"}
 EVIDENCE_FIELDS = {"evidence_text", "doc_name", "evidence_page_num", "evidence_text_full_page"}
@@ -49,25 +49,34 @@ def test_committed_splits_are_what_the_generator_writes(tmp_path: Path) -> None:
         assert (tmp_path / name).read_text() == (task.DATA_DIR / name).read_text(), name
 
 
-def _value(page: str, item: str) -> float:
-    line = next(line for line in page.splitlines() if line.strip().startswith(item + ":"))
-    return extract_figures(line.partition(":")[2])[0].value
-
-
 @pytest.mark.parametrize("seed", [0, 1])
 def test_gold_answers_come_from_the_evidence(seed: int) -> None:
-    for q in generate(90, seed):
-        page = q.to_record()["evidence"][0]["evidence_text_full_page"]
-        if q.kind == SINGLE:
-            assert f": {q.answer}\n" in page + "\n"
-        elif q.kind == TWO:
-            first, second = q.answer.split(" and ")
-            assert f": {first}\n" in page + "\n" and f": {second}\n" in page + "\n"
+    for q in generate(96, seed):
+        page = q.to_record()["evidence"][0]["evidence_text_full_page"] + "\n"
+        for fact in q.asked:
+            assert f"  {fact.item}: {fact.value}\n" in page
+        if q.kind == YES_NO:
+            assert q.asked[0].item in DISCLOSURES and q.answer == q.asked[0].value in ("Yes", "No")
+            assert q.asked[0].item in q.question
         else:
-            assert q.kind == YES_NO and q.threshold is not None
-            value = _value(page, q.asked[0].item)
-            threshold = extract_figures(q.threshold)[0].value
-            assert q.answer == ("Yes" if value > threshold else "No"), (q.question, value)
+            assert q.answer.replace(" and ", ", ").split(", ") == [fact.value for fact in q.asked]
+            assert all(fact.item in q.question for fact in q.asked)
+
+
+@pytest.mark.parametrize("split", ["train.jsonl", "heldout.jsonl"])
+def test_a_constant_verdict_earns_exactly_half_of_the_yes_no_questions(split: str) -> None:
+    examples = [e for e in load_examples(task.DATA_DIR / split) if e.question_type == YES_NO]
+    assert len(examples) >= 16
+    judge = NumericJudge()
+    for verdict in ("yes", "no"):
+        verdicts = judge.judge([JudgeItem(e.question, verdict, e.gold) for e in examples])
+        assert sum(v.is_correct for v in verdicts) * 2 == len(examples), verdict
+
+
+def test_every_kind_is_equally_represented_in_the_splits() -> None:
+    for split, size in (("train.jsonl", task.TRAIN_SIZE), ("heldout.jsonl", task.HELDOUT_SIZE)):
+        kinds = [e.question_type for e in load_examples(task.DATA_DIR / split)]
+        assert {kind: kinds.count(kind) for kind in KINDS} == {kind: size // len(KINDS) for kind in KINDS}
 
 
 def test_padded_answers_are_mostly_padded_and_always_correct() -> None:
@@ -86,26 +95,26 @@ def test_padded_answers_are_mostly_padded_and_always_correct() -> None:
             assert not {"yes", "no"} & set(a.lower().replace(".", " ").replace(",", " ").split())
 
 
-def test_the_direct_answer_quotes_the_figures_and_gives_a_verdict_last() -> None:
+def test_the_direct_answer_quotes_the_lines_asked_about() -> None:
     from compressor_2.demo.train import train_tokenizer
 
-    questions = generate(90, seed=6)
+    questions = generate(96, seed=6)
     directs = [direct_answer(q) for q in questions]
     verdicts = NumericJudge().judge([JudgeItem(q.question, d, q.answer) for q, d in zip(questions, directs)])
     assert all(v.is_correct for v in verdicts), [v.reasoning for v in verdicts if not v.is_correct][:3]
-    tokenizer = train_tokenizer([q.page for q in questions] + directs + [q.answer for q in questions], 1200)
+    # Every label line at least ten times: BPE merges what it sees often enough.
+    labels = [f"{label}: Yes;  {label}: No" for label in LABELS] * 10
+    tokenizer = train_tokenizer([q.page for q in questions] + directs + [q.answer for q in questions] + labels,
+                                1200)
 
     def tokens(text: str) -> int:
         return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     for q, direct in zip(questions, directs):
-        if q.kind == SINGLE:
-            assert direct.startswith(q.asked[0].item + ": ") and direct.endswith(q.answer)
-            # "Revenue: $" is one token, as "$" is; "Gross Margin: " is one token more.
+        assert direct == "; ".join(f"{fact.item}: {fact.value}" for fact in q.asked)
+        if len(q.asked) == 1:
+            # "Revenue: $" is one token, as "$" is; "Gross Margin: " or "Stock Split: " is one token more.
             assert tokens(direct) == tokens(q.answer) + (0 if q.answer.startswith("$") else 1), direct
-        elif q.kind == YES_NO:
-            # The figure first, the verdict last: the comparison rests on a figure written out.
-            assert direct == f"{q.asked[0].item}: {q.asked[0].value}, so {q.answer.lower()}"
 
 
 def test_training_rows_are_the_chat_prompt_then_the_answer_and_eos() -> None:
@@ -125,7 +134,7 @@ def test_training_rows_are_the_chat_prompt_then_the_answer_and_eos() -> None:
         assert tokenizer.decode(target[:-1]) == answer
 
 
-def test_look_up_rows_train_only_the_figures_after_their_line_labels() -> None:
+def test_look_up_rows_train_only_the_values_after_their_line_labels() -> None:
     from compressor_2.demo.train import TrainingStream, encode_rows, train_tokenizer
 
     stream = TrainingStream(seed=0)
@@ -136,35 +145,13 @@ def test_look_up_rows_train_only_the_figures_after_their_line_labels() -> None:
         page, *lines = segments
         assert not page[1] and page[0].count(":") == len(lines) // 2
         trained = [text for text, is_trained in lines if is_trained]
-        assert all(text[0].isdigit() for text in trained)
+        assert all(text[0].isdigit() or text in ("Yes", "No") for text in trained)
         assert all(text.strip() in page[0] for text in trained)
         target = labels[row][labels[row] != -100].tolist()
         assert tokenizer.decode(target) == "".join(trained)
 
 
-def test_comparison_rows_answer_yes_no_from_the_page_with_the_loss_on_the_answers() -> None:
-    from compressor_2.demo.train import TrainingStream, encode_rows, train_tokenizer
-
-    rows = TrainingStream(seed=0).comparisons(30)
-    verdicts = []
-    for page, *pairs in rows:
-        assert not page[1] and len(pairs) == 8
-        for (question, asked), (answer, trained) in zip(pairs[::2], pairs[1::2]):
-            assert not asked and trained
-            label = question.removeprefix("\nDid ").split(" exceed ")[0]
-            threshold = extract_figures(question.split(" exceed ")[1])[0].value
-            assert answer.startswith(label + ": ") and answer.partition(", so ")[0] in page[0]
-            value = _value(page[0], label)
-            verdicts.append(answer.endswith("so yes."))
-            assert verdicts[-1] == (value > threshold), (question, answer)
-    assert 0.35 < sum(verdicts) / len(verdicts) < 0.65
-    tokenizer = train_tokenizer([text for row in rows for text, _ in row], 600)
-    ids, labels = encode_rows(tokenizer, rows[:1])
-    trained = "".join(text for text, is_trained in rows[0] if is_trained)
-    assert tokenizer.decode(labels[0][labels[0] != -100].tolist()) == trained
-
-
-def test_answer_loss_is_the_models_own_loss_and_digit_runs_start_ordered() -> None:
+def test_answer_loss_is_the_models_own_loss() -> None:
     import torch
 
     from compressor_2.demo.train import (TrainSettings, TrainingStream, answer_loss, answer_rows,
@@ -172,27 +159,22 @@ def test_answer_loss_is_the_models_own_loss_and_digit_runs_start_ordered() -> No
 
     stream = TrainingStream(seed=0)
     pairs = stream.answers(40)
-    tokenizer = train_tokenizer([text for pair in pairs for text in pair] + ["7 8 15 300 577"] * 50, 700)
+    tokenizer = train_tokenizer([text for pair in pairs for text in pair], 700)
     torch.manual_seed(0)
     model = build_model(TrainSettings(hidden_size=32, layers=1, heads=2, intermediate_size=64), tokenizer)
     ids, labels = encode_rows(tokenizer, stream.recalls(2) + answer_rows(tokenizer, pairs[:3]))
     torch.testing.assert_close(answer_loss(model, ids, labels), model(input_ids=ids, labels=labels).loss)
-    # Magnitude features put "577" above "300" and "15" above "8" before any training.
-    embedding = model.get_input_embeddings().weight
-
-    def magnitude(token: str) -> float:
-        return embedding[tokenizer.convert_tokens_to_ids(token), 0].item()
-
-    assert magnitude("577") > magnitude("300") > magnitude("15") > magnitude("8") > magnitude("7")
 
 
 def test_a_line_label_and_the_opening_of_its_value_are_one_token() -> None:
     from compressor_2.demo.train import train_tokenizer
 
-    texts = ["  Net Income: $1,577 million", "  Gross Margin: 41.3%", "What was Net Income?"] * 5
+    texts = ["  Net Income: $1,577 million", "  Gross Margin: 41.3%", "What was Net Income?",
+             "  Stock Split: No"] * 5
     tokenizer = train_tokenizer(texts, 400)
     pieces = [tokenizer.decode([i]) for i in tokenizer("  Net Income: $1,577 million")["input_ids"]]
     assert " Net Income: $" in pieces and "577" in pieces
+    assert [tokenizer.decode([i]) for i in tokenizer("  Stock Split: No")["input_ids"]][-2:] == [" Stock Split: ", "No"]
     assert " Net Income" in [tokenizer.decode([i]) for i in tokenizer("What was Net Income?")["input_ids"]]
 
 
@@ -246,5 +228,6 @@ def test_shipped_model_meets_the_quality_bar(shipped) -> None:
 
     engine, _ = shipped
     scores, _ = score(engine, load_examples(task.DATA_DIR / "heldout.jsonl"), 0.0, NumericJudge())
-    assert scores[-1].n == 150 and scores[-1].ratio >= 3
-    assert scores[-1].correctness >= 0.80
+    assert [s.kind for s in scores] == sorted(KINDS) + ["all"]
+    assert scores[-1].n == task.HELDOUT_SIZE and scores[-1].ratio >= 3
+    assert all(s.correctness >= 0.80 for s in scores), scores

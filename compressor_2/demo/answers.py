@@ -1,9 +1,9 @@
 """Training answers padded the way real models pad them.
 
-An answer is the direct answer (the figures quoted with their line labels; for a yes/no,
-the figure quoted and then the verdict), or the core answer (the direct answer, or a
-sentence carrying it) wrapped at random in a preamble, a restatement of the question, a
-hedge and a closing pleasantry. The core always comes before the hedge and the closing,
+An answer is the direct answer (the lines asked about, quoted with their labels: the
+figures, or for a yes/no the disclosure and its verdict), or the core answer (the direct
+answer, or a sentence carrying it) wrapped at random in a preamble, a restatement of
+the question, a hedge and a closing pleasantry. The core always comes before the hedge and the closing,
 so a model that learnt these answers can be stopped right after the core: that is the
 room the evolution has to find.
 Padding never says "yes" or "no", so it cannot flip a verdict.
@@ -14,50 +14,53 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from compressor_2.demo.task import SINGLE, TWO, YES_NO, DemoQuestion, Fact, possessive
+from compressor_2.demo.task import DemoQuestion, Fact, possessive
 
 
 @dataclass(frozen=True)
 class Padding:
-    """How often each piece appears; the defaults give ~85% padded answers."""
+    """How often each piece appears; the defaults give ~90% padded answers.
 
-    direct: float = 0.15  # the direct answer alone
+    Greedy decoding takes the likeliest token at each step, so each piece's openings
+    share their first word ("Based", "This", "Let"): spread over many first words, every
+    one of them would lose to the answer's first token, or to EOS, and the unsteered
+    model would not pad at all. The preamble leads the answer's own first token by a
+    small margin only: at 0.9 (with restatements at 0.3) no delta vector the GA found
+    in 16 generations removed it, and the evolved answers kept 9 tokens of preamble."""
+
+    direct: float = 0.08  # the direct answer alone
     core_sentence: float = 0.8  # in a padded answer: a sentence rather than the direct answer
-    preamble: float = 0.6
-    restatement: float = 0.5
-    hedge: float = 0.55
-    closing: float = 0.55
+    restatement: float = 0.15
+    preamble: float = 0.5
+    hedge: float = 0.7
+    closing: float = 0.4
 
 
 _PREAMBLES = (
     "Based on the information provided in the {doc}, ",
-    "According to the evidence from {company_s} FY{year} annual report, ",
-    "Looking at the selected financial data provided, ",
-    "After reviewing the financial statements in the evidence, ",
+    "Based on the evidence from {company_s} FY{year} annual report, ",
+    "Based on the selected financial data provided, ",
+    "Based on a review of the financial statements in the evidence, ",
     "Based on the selected financial data in the 10-K, ",
-    "Sure. ",
-    "Great question. ",
-    "Certainly. ",
 )
 _RESTATEMENTS = (
     "You asked about {company_s} {items} for fiscal year {year}. ",
-    "The question concerns the {items} reported by {company} for FY{year}. ",
-    "To answer this, I looked for the {items} in the selected financial data. ",
-    "Here is the {items} of {company} for FY{year}. ",
+    "You asked for the {items} reported by {company} for FY{year}. ",
+    "You would like to know the {items} of {company} for FY{year}. ",
 )
 _HEDGES = (
     "This figure is taken directly from the reported financial statements.",
-    "Please note that this is the reported figure and may differ from adjusted or non-GAAP measures.",
-    "Keep in mind that figures in the filing may be rounded.",
     "This is based solely on the evidence provided and does not account for later restatements.",
+    "This is the reported figure and may differ from adjusted or non-GAAP measures.",
+    "Please note that figures in the filing may be rounded.",
     "The value is stated exactly as it appears in the selected financial data.",
 )
 _CLOSINGS = (
-    "I hope this helps!",
     "Let me know if you have any other questions.",
-    "Feel free to ask if you need further analysis of these figures.",
+    "Let me know if you need further analysis of these figures.",
+    "Let me know if you would like more detail.",
+    "I hope this helps!",
     "Happy to help with anything else.",
-    "Please reach out if you would like more detail.",
 )
 
 
@@ -65,46 +68,29 @@ def _quote(fact: Fact) -> str:
     return f"{fact.item}: {fact.value}"
 
 
+def _listed(parts: list[str]) -> str:
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
 def direct_answer(q: DemoQuestion) -> str:
-    """The shortest answer: the figures quoted with their line labels ("Revenue: $1,577
-    million"); for a yes/no, the figure quoted, then the verdict ("Revenue: $1,577
-    million, so no"). A label and the `: $` or `: ` opening its value are one token, so
-    a quote costs at most one token more than the bare figure (none for an amount), and
-    it keeps what the model looks the figure up by: after a bare "$" it has to guess the
-    line. A verdict comes after the figure it rests on, never before: a model this small
-    compares a figure it has just written with the question's threshold, but cannot
-    compare one it has not looked up yet."""
-    if q.kind == YES_NO:
-        return f"{_quote(q.asked[0])}, so {q.answer.lower()}"
+    """The shortest answer: the lines asked about, quoted with their labels ("Revenue:
+    $1,577 million; Gross Margin: 41.3%", "Stock Split: No"). A label and the `: $` or
+    `: ` opening its value are one token, so a quote costs at most one token more than
+    the bare value (none for an amount), and it keeps what the model looks the value up
+    by: after a bare "$" it has to guess the line."""
     return "; ".join(_quote(fact) for fact in q.asked)
 
 
 def _core_sentence(q: DemoQuestion, rng: random.Random) -> str:
     """The answer proper; it quotes the evidence line(s) it rests on, as careful models do."""
-    first = _quote(q.asked[0])
-    if q.kind == SINGLE:
-        return rng.choice((
-            f"{first}.",
-            f"{possessive(q.company)} {first}.",
-            f"The selected financial data shows {first}.",
-        ))
-    if q.kind == TWO:
-        second = _quote(q.asked[1])
-        return rng.choice((
-            f"{first}; {second}.",
-            f"{possessive(q.company)} {first}, and {second}.",
-            f"The selected financial data shows {first} and {second}.",
-        ))
-    if q.kind == YES_NO:
-        # Always "above"/"below" and the verdict last, so every answer teaches the same
-        # comparison in the same words.
-        side, verdict = ("above", "yes") if q.answer == "Yes" else ("below", "no")
-        return rng.choice((
-            f"{first}, which is {side} {q.threshold}, so {verdict}.",
-            f"{possessive(q.company)} {first}, which is {side} {q.threshold}, so {verdict}.",
-            f"The selected financial data shows {first}, which is {side} {q.threshold}, so {verdict}.",
-        ))
-    raise ValueError(f"unknown question kind {q.kind!r}")
+    # Quotes are always joined by "; ": after a quote the model is then sure whether
+    # another follows, and an EOS bias that cuts the padding does not cut the answer.
+    quotes = direct_answer(q)
+    return rng.choice((
+        f"{quotes}.",
+        f"{possessive(q.company)} {quotes}.",
+        f"The selected financial data shows {quotes}.",
+    ))
 
 
 def _join_after_preamble(preamble: str, core: str) -> str:
@@ -121,7 +107,7 @@ def padded_answer(q: DemoQuestion, rng: random.Random, padding: Padding = Paddin
     fields = {
         "doc": q.doc_name, "company": q.company, "company_s": possessive(q.company),
         "year": q.year,
-        "items": " and ".join(fact.item for fact in q.asked),
+        "items": _listed([fact.item for fact in q.asked]),
     }
     core = _core_sentence(q, rng) if rng.random() < padding.core_sentence else direct_answer(q) + "."
     text = core

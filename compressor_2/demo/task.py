@@ -1,10 +1,12 @@
 """The synthetic FinanceBench-shaped task the embedded demo model is trained and evolved on.
 
 Each question comes with one evidence page: a fictional company's selected financial
-data for one fiscal year, several line items with values. The gold answer is copied
-from that page in FinanceBench's formats (`$1,577 million`, `1.9%`, `1.33`). Three
-kinds, so brevity has a price: one figure; two figures (stopping after the first is
-wrong); yes/no against a threshold stated in the question.
+data for one fiscal year, several line items with values and one disclosure
+answered Yes or No. The gold answer is copied from that page in FinanceBench's formats
+(`$1,577 million`, `1.9%`, `1.33`, `Yes`). Four kinds, so brevity has a price on each:
+one figure; two figures and three figures (stopping after the first is wrong); a yes/no
+about a disclosure, whose verdict the page states. Yes/no verdicts alternate, so every
+split holds as many Yes as No and a constant verdict earns exactly half.
 
     python -m compressor_2.demo.task --out compressor_2/demo/data
 """
@@ -21,11 +23,13 @@ from pathlib import Path
 
 from compressor_2.atomic import atomic_write_text
 
-SINGLE, TWO, YES_NO = "single-figure", "two-figures", "yes-no"
-KINDS = (SINGLE, TWO, YES_NO)
+SINGLE, TWO, THREE, YES_NO = "single-figure", "two-figures", "three-figures", "yes-no"
+KINDS = (SINGLE, TWO, THREE, YES_NO)
+FIGURES_ASKED = {SINGLE: 1, TWO: 2, THREE: 3}
 DATA_DIR = Path(__file__).resolve().parent / "data"
 TRAIN_SEED, HELDOUT_SEED = 1, 2
-TRAIN_SIZE, HELDOUT_SIZE = 60, 150
+# Multiples of 8: every kind equally often, and as many Yes as No among the yes/no.
+TRAIN_SIZE, HELDOUT_SIZE = 64, 200
 
 
 def _money(value: float) -> str:
@@ -92,6 +96,14 @@ LINE_ITEMS: tuple[LineItem, ...] = (
     LineItem("Number of Employees", _count, 500, 250_000, 10, True),
 )
 
+# Disclosures a page states as Yes or No; a yes/no question asks about one of them.
+DISCLOSURES: tuple[str, ...] = (
+    "Share Repurchases", "Goodwill Impairment", "Material Weakness", "Dividend Increase",
+    "Debt Covenant Breach", "Stock Split", "Auditor Change", "Major Acquisition",
+    "Restructuring Program", "Going Concern Warning",
+)
+LABELS: tuple[str, ...] = tuple(item.name for item in LINE_ITEMS) + DISCLOSURES
+
 _PREFIXES = (
     "Northwind", "Bluestone", "Cedarline", "Halcyon", "Ironbridge", "Larkspur", "Meridian",
     "Oakhurst", "Pinecrest", "Quantera", "Redfield", "Silverlake", "Tidewater", "Umbra",
@@ -104,6 +116,9 @@ _SUFFIXES = (
     "Logistics", "Pharmaceuticals", "Technologies", "Materials",
 )
 ITEMS_PER_PAGE = (4, 6)
+# One disclosure a page: with two to four, the 15-minute model confused their lines and
+# answered 72% of held-out yes/no questions right (82% with one to three).
+DISCLOSURES_PER_PAGE = (1, 1)
 
 
 @dataclass(frozen=True)
@@ -123,8 +138,7 @@ class DemoQuestion:
     doc_name: str
     page_num: int
     page: str  # the whole evidence page
-    asked: tuple[Fact, ...]  # one or two facts the question is about
-    threshold: str | None  # yes/no: the figure the question compares with
+    asked: tuple[Fact, ...]  # the one to three facts the question is about
     question: str
     answer: str  # the gold, copied from the page ("Yes"/"No" for yes/no)
 
@@ -168,27 +182,6 @@ def _page(company: str, year: int, facts: list[Fact]) -> str:
     return header + "\n\n" + "\n".join(_line(fact) for fact in facts)
 
 
-def _round_threshold(value: float, item: LineItem) -> float:
-    """A threshold people would write: one or two significant digits."""
-    if value <= 0:
-        return item.step
-    digits = 1 if value < 10 else 2
-    magnitude = 10 ** (math.floor(math.log10(value)) - digits + 1)
-    rounded = round(value / magnitude) * magnitude
-    return max(item.step, round(rounded / item.step) * item.step)
-
-
-def pick_threshold(rng: random.Random, item: LineItem, value: float, yes: bool) -> float:
-    """A round figure clearly below `value` (answer Yes) or clearly above it (No)."""
-    for _ in range(50):
-        factor = rng.uniform(0.35, 0.8) if yes else rng.uniform(1.25, 2.5)
-        candidate = _round_threshold(value * factor, item)
-        clear = (candidate < value * 0.9) if yes else (candidate > value * 1.1)
-        if clear and not (item.fmt is _percent and candidate >= 100):
-            return candidate
-    return value * (0.5 if yes else 2.0)
-
-
 def possessive(name: str) -> str:
     return name + ("'" if name.endswith("s") else "'s")
 
@@ -206,56 +199,67 @@ _TWO_QUESTIONS = (
     "In FY{year}, what were the {item} and the {item2} of {company}?",
     "According to {doc}, what were {company_s} {item} and {item2}?",
 )
-_YES_NO_QUESTIONS = (
-    "Did {company_s} {item} exceed {threshold} in FY{year}?",
-    "Was {company_s} FY{year} {item} above {threshold}?",
-    "Did {company} report {item} of more than {threshold} for FY{year}?",
-    "According to {doc}, was the {item} of {company} greater than {threshold}?",
+_THREE_QUESTIONS = (
+    "What were {company_s} {item}, {item2} and {item3} in FY{year}?",
+    "What did {company} report as {item}, {item2} and {item3} for FY{year}?",
+    "In FY{year}, what were the {item}, the {item2} and the {item3} of {company}?",
+    "According to {doc}, what were {company_s} {item}, {item2} and {item3}?",
 )
+_YES_NO_QUESTIONS = (
+    "Did {company} report any {item} in FY{year}?",
+    "According to {doc}, was there any {item} at {company}?",
+    "Does {doc} disclose any {item} for {company}?",
+    "Did {company_s} filing for fiscal year {year} disclose any {item}?",
+)
+_QUESTIONS = {SINGLE: _SINGLE_QUESTIONS, TWO: _TWO_QUESTIONS, THREE: _THREE_QUESTIONS,
+              YES_NO: _YES_NO_QUESTIONS}
 _SUFFIX = " Answer using the selected financial data."
 
 
-def make_question(rng: random.Random, kind: str, qid: str,
+def make_question(rng: random.Random, kind: str, qid: str, verdict: bool = True,
                   items_per_page: tuple[int, int] = ITEMS_PER_PAGE) -> DemoQuestion:
+    """One question of `kind`; a yes/no one is about a disclosure the page answers
+    `verdict` (Yes when true), the page's other disclosures are drawn at random."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown question kind {kind!r}; expected one of {KINDS}")
     company = _company(rng)
     year = rng.randint(2015, 2023)
     doc_name = f"{company.split()[0].upper()}_{year}_10K"
     items = rng.sample(LINE_ITEMS, rng.randint(*items_per_page))
-    values = [item.sample(rng) for item in items]
-    facts = [Fact(item.name, item.fmt(value)) for item, value in zip(items, values)]
-    picks = rng.sample(range(len(items)), 2 if kind == TWO else 1)
-    asked = tuple(facts[i] for i in picks)
+    figures = [Fact(item.name, item.fmt(item.sample(rng))) for item in items]
+    disclosures = [Fact(name, rng.choice(("Yes", "No")))
+                   for name in rng.sample(DISCLOSURES, rng.randint(*DISCLOSURES_PER_PAGE))]
+    if kind == YES_NO:
+        disclosures[0] = Fact(disclosures[0].item, "Yes" if verdict else "No")
+        asked: tuple[Fact, ...] = (disclosures[0],)
+        answer = disclosures[0].value
+    else:
+        asked = tuple(rng.sample(figures, FIGURES_ASKED[kind]))
+        values = [fact.value for fact in asked]
+        answer = values[0] if len(values) == 1 else ", ".join(values[:-1]) + " and " + values[-1]
+    facts = figures + disclosures
+    rng.shuffle(facts)
     fields = {
         "company": company, "company_s": possessive(company), "year": year, "doc": doc_name,
-        "item": asked[0].item, "item2": asked[-1].item,
+        "item": asked[0].item, "item2": asked[min(1, len(asked) - 1)].item, "item3": asked[-1].item,
     }
-    threshold: str | None = None
-    if kind == SINGLE:
-        template, answer = rng.choice(_SINGLE_QUESTIONS), asked[0].value
-    elif kind == TWO:
-        template, answer = rng.choice(_TWO_QUESTIONS), f"{asked[0].value} and {asked[1].value}"
-    elif kind == YES_NO:
-        item, value = items[picks[0]], values[picks[0]]
-        yes = rng.random() < 0.5
-        threshold = item.fmt(pick_threshold(rng, item, value, yes))
-        fields["threshold"] = threshold
-        template, answer = rng.choice(_YES_NO_QUESTIONS), "Yes" if yes else "No"
-    else:
-        raise ValueError(f"unknown question kind {kind!r}; expected one of {KINDS}")
-    question = template.format(**fields) + (_SUFFIX if rng.random() < 0.25 else "")
+    question = rng.choice(_QUESTIONS[kind]).format(**fields) + (_SUFFIX if rng.random() < 0.25 else "")
     return DemoQuestion(
         id=qid, kind=kind, company=company, year=year, doc_name=doc_name,
         page_num=rng.randint(20, 95), page=_page(company, year, facts), asked=asked,
-        threshold=threshold, question=question, answer=answer,
+        question=question, answer=answer,
     )
 
 
 def iter_questions(seed: int, prefix: str = "demo") -> Iterator[DemoQuestion]:
-    """An endless, seeded stream cycling through the kinds (a balanced mix)."""
+    """An endless, seeded stream cycling through the kinds (a balanced mix), the yes/no
+    verdicts alternating Yes, No, Yes, ..."""
     rng = random.Random(seed)
     index = 0
     while True:
-        yield make_question(rng, KINDS[index % len(KINDS)], f"{prefix}_{index:05d}")
+        kind = KINDS[index % len(KINDS)]
+        verdict = (index // len(KINDS)) % 2 == 0
+        yield make_question(rng, kind, f"{prefix}_{index:05d}", verdict)
         index += 1
 
 

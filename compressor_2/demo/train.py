@@ -6,7 +6,7 @@ template, then the tokenizer's chat template), with answers padded at random
 (`compressor_2.demo.answers`). Questions are drawn fresh for every batch, so the
 model cannot memorise them; the loss covers the answer tokens and the EOS token only.
 
-    python -m compressor_2.demo.train --out compressor_2/demo/model --minutes 14
+    python -m compressor_2.demo.train --out compressor_2/demo/model
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from compressor_2.data.prompt import DEFAULT_TEMPLATE, build_prompt
 from compressor_2.demo.answers import padded_answer
-from compressor_2.demo.task import LINE_ITEMS, iter_questions, pick_threshold
+from compressor_2.demo.task import LABELS, iter_questions
 
 MODEL_DIR = Path(__file__).resolve().parent / "model"
 EOS, PAD, USER, ASSISTANT = "<|endoftext|>", "<pad>", "<|user|>", "<|assistant|>"
@@ -34,13 +34,13 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n"
     "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
-# GPT-2's pre-tokenization with three changes that make a figure easy to copy from the
-# evidence. A line item's label is one token, and so is the label with the ": " or ": $"
-# that opens its value: the first digits of a figure then follow a token naming its line,
-# in the evidence as in an answer quoting it. Digits come in runs of at most three (every
+# GPT-2's pre-tokenization with three changes that make a value easy to copy from the
+# evidence. A line's label is one token, and so is the label with the ": " or ": $"
+# that opens its value: the first digits of a figure (or a disclosure's Yes or No) then
+# follow a token naming its line, in the evidence as in an answer quoting it. Digits come in runs of at most three (every
 # run is in the vocabulary), so most of a figure's pieces are unique on its page. A space
 # joins only a following word, so "$" is one token wherever it stands.
-_LABELS = "|".join(re.escape(item.name) for item in sorted(LINE_ITEMS, key=lambda i: -len(i.name)))
+_LABELS = "|".join(re.escape(label) for label in sorted(LABELS, key=len, reverse=True))
 _PRE_TOKENIZE = (
     r" ?(?:" + _LABELS + r")(?:: \$?)?|'(?:[sdmt]|ll|ve|re)| ?\p{L}+|\p{N}{1,3}|[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 )
@@ -63,10 +63,9 @@ class TrainSettings:
     batch_size: int = 16
     learning_rate: float = 3e-3
     warmup_steps: int = 100
-    steps: int = 3000
-    recall_share: float = 0.25  # share of each batch that is look-up rows
-    comparison_share: float = 0.125  # share of each batch that is comparison rows
-    minutes: float = 14.0  # the wall-clock budget wins over `steps` when it runs out first
+    steps: int = 4500
+    recall_share: float = 0.5  # share of each batch that is look-up rows
+    minutes: float = 15.0  # the wall-clock budget wins over `steps` when it runs out first
 
 
 Segment = tuple[str, bool]  # a piece of a training row, and whether the loss covers it
@@ -86,51 +85,22 @@ class TrainingStream:
 
     def recalls(self, n: int) -> list[list[Segment]]:
         """Look-up rows: an evidence page, then each of its lines again in a shuffled
-        order, with the loss on the figures. Looking a figure up by its line item is the
-        skill every answer needs, and these rows teach it densely."""
+        order, with the loss on the values. Looking a value up by its line's label is
+        the skill every answer needs, and these rows teach it densely."""
         rows = []
         for q in itertools.islice(self._questions, n):
-            lines = _page_lines(q.page)
+            lines = q.page.split("\n\n", 1)[1].splitlines()
             self._rng.shuffle(lines)
             row: list[Segment] = [(q.page + "\n", False)]
             for line in lines:
-                first_digit = re.search(r"\d", line).start()
-                row += [("\n" + line[:first_digit], False), (line[first_digit:], True)]
-            rows.append(row)
-        return rows
-
-    def comparisons(self, n: int, per_row: int = 4) -> list[list[Segment]]:
-        """Comparison rows: an evidence page, then yes/no questions about its lines, each
-        answered the way a direct answer is ("Revenue: $1,577 million, so no."), with the
-        loss on the answers. Yes/no questions are a third of the answers and teach one
-        verdict each; these rows teach the comparison behind it densely."""
-        rows = []
-        for q in itertools.islice(self._questions, n):
-            lines = _page_lines(q.page)
-            row: list[Segment] = [(q.page + "\n", False)]
-            for line in self._rng.sample(lines, min(per_row, len(lines))):
-                label, printed = line.strip().split(": ", 1)
-                item = _ITEMS[label]
-                yes = self._rng.random() < 0.5
-                threshold = item.fmt(pick_threshold(self._rng, item, _printed_value(printed), yes))
-                verdict = "yes" if yes else "no"
-                row += [(f"\nDid {label} exceed {threshold}? ", False),
-                        (f"{label}: {printed}, so {verdict}.", True)]
+                opening = _VALUE_OPENING.search(line).end()
+                row += [("\n" + line[:opening], False), (line[opening:], True)]
             rows.append(row)
         return rows
 
 
-_ITEMS = {item.name: item for item in LINE_ITEMS}
-
-
-def _page_lines(page: str) -> list[str]:
-    """An evidence page's line items, as printed (after the header's blank line)."""
-    return page.split("\n\n", 1)[1].splitlines()
-
-
-def _printed_value(printed: str) -> float:
-    """The value a line prints, in its item's units ("$1,577 million" is 1577)."""
-    return float(re.sub(r"[^\d.]", "", printed))
+# Where a printed line's value starts: after its label's ": " and an amount's "$".
+_VALUE_OPENING = re.compile(r": \$?")
 
 
 def answer_rows(tokenizer, pairs: list[tuple[str, str]]) -> list[list[Segment]]:
@@ -205,30 +175,7 @@ def build_model(settings: TrainSettings, tokenizer):
         bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    model = GPT2LMHeadModel(config)
-    _seed_digit_magnitudes(model, tokenizer)
-    return model
-
-
-# How strongly the magnitude features start out, against GPT-2's 0.02 initial spread.
-_MAGNITUDE_SCALE = 0.1
-
-
-def _seed_digit_magnitudes(model, tokenizer) -> None:
-    """Start every digit run's embedding with its magnitude in four fixed dimensions.
-
-    Meant for the yes/no comparison: learnt from scratch, each of the 1,110 digit runs
-    has to learn where it sits among the others from the few comparisons it appears in;
-    seeded, "577" starts above "300" and "15" above "8". Within the 14-minute budget the
-    shipped model still did not learn to compare (its verdicts are at chance)."""
-    with torch.no_grad():
-        weight = model.get_input_embeddings().weight
-        for token, index in tokenizer.get_vocab().items():
-            if re.fullmatch(r"[0-9]{1,3}", token):
-                value, width = int(token), len(token)
-                features = (math.log10(value + 1) / 3, value / 10 ** width, width / 3, value / 999)
-                weight[index, : len(features)] = torch.tensor(
-                    [_MAGNITUDE_SCALE * (f - 0.5) for f in features])
+    return GPT2LMHeadModel(config)
 
 
 def answer_loss(model, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -276,10 +223,7 @@ def train(settings: TrainSettings, out: Path, log_every: int = 50) -> dict[str, 
             for group in optimizer.param_groups:
                 group["lr"] = _learning_rate(settings, step, progress)
             recalls = round(settings.batch_size * settings.recall_share)
-            comparisons = round(settings.batch_size * settings.comparison_share)
-            answers = settings.batch_size - recalls - comparisons
-            rows = (stream.recalls(recalls) + stream.comparisons(comparisons)
-                    + answer_rows(tokenizer, stream.answers(answers)))
+            rows = stream.recalls(recalls) + answer_rows(tokenizer, stream.answers(settings.batch_size - recalls))
             ids, labels = encode_rows(tokenizer, rows)
             loss = answer_loss(model, ids, labels)
             optimizer.zero_grad(set_to_none=True)
@@ -313,12 +257,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
     parser.add_argument("--tokenizer-corpus", type=int, default=defaults.tokenizer_corpus)
     parser.add_argument("--recall-share", type=float, default=defaults.recall_share)
-    parser.add_argument("--comparison-share", type=float, default=defaults.comparison_share)
     parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate)
     args = parser.parse_args(argv)
     settings = TrainSettings(seed=args.seed, steps=args.steps, minutes=args.minutes,
                              batch_size=args.batch_size, tokenizer_corpus=args.tokenizer_corpus,
-                             recall_share=args.recall_share, comparison_share=args.comparison_share,
+                             recall_share=args.recall_share,
                              learning_rate=args.learning_rate)
     summary = train(settings, args.out)
     print(f"saved to {args.out}: {summary['params'] / 1e6:.2f}M parameters, {summary['steps']} steps, "
