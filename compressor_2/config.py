@@ -69,6 +69,26 @@ class GepaOptions:
     val_overlap_floor: int
 
 
+@dataclass(frozen=True)
+class RandomOptions:
+    """Random search's options (CONFIG_RANDOM_*)."""
+
+    distribution: str
+    scale: float
+    batch_size: int
+    batches: int
+
+
+@dataclass(frozen=True)
+class CmaesOptions:
+    """CMA-ES's options (CONFIG_CMAES_*)."""
+
+    sigma: float
+    population: int  # 0: DEAP's default
+    generations: int
+
+
+DISTRIBUTIONS = ("normal", "uniform")
 CANDIDATE_SELECTORS = ("pareto", "current_best", "epsilon_greedy")
 COMPONENT_SELECTORS = ("round_robin", "all")
 ISSUE_TYPES = ("cut_short", "wrong", "padded", "refusal")
@@ -136,6 +156,8 @@ class Config:
     max_wall_minutes: float
     archive: ArchiveOptions | None  # with strategy "archive"
     gepa: GepaOptions | None  # with strategy "gepa"
+    random: RandomOptions | None  # with strategy "random"
+    cmaes: CmaesOptions | None  # with strategy "cmaes"
     # Genetic algorithm
     seed: int
     population_size: int
@@ -157,7 +179,7 @@ class Config:
 
     def summary(self) -> str:
         """The resolved settings, one `name = value` a line, for `check-config`."""
-        nested = {"archive": self.archive, "gepa": self.gepa}
+        nested = {"archive": self.archive, "gepa": self.gepa, "random": self.random, "cmaes": self.cmaes}
         pairs = [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.name not in nested]
         for name, options in nested.items():
             if options is not None:
@@ -425,6 +447,8 @@ def _build(r: _Reader) -> Config:
         max_wall_minutes=wall_minutes,
         archive=_archive_options(r) if r.choice_suffix("STRATEGY_") == "archive" else None,
         gepa=_gepa_options(r, r.integer("MAX_METRIC_CALLS")) if r.choice_suffix("STRATEGY_") == "gepa" else None,
+        random=_random_options(r) if r.choice_suffix("STRATEGY_") == "random" else None,
+        cmaes=_cmaes_options(r) if r.choice_suffix("STRATEGY_") == "cmaes" else None,
         seed=r.integer("SEED"),
         population_size=population,
         ngen=ngen,
@@ -513,6 +537,24 @@ def _archive_options(r: _Reader) -> ArchiveOptions:
         postcheck_margin=at_least("ARCHIVE_POSTCHECK_MARGIN", 0),
         delta_limit=at_least("ARCHIVE_DELTA_LIMIT", 0, strict=True),
     )
+
+
+def _random_options(r: _Reader) -> RandomOptions:
+    distribution = r.string("RANDOM_DISTRIBUTION").strip()
+    _require(distribution in DISTRIBUTIONS, f"CONFIG_RANDOM_DISTRIBUTION={distribution!r} is unknown; use one of "
+             f"{', '.join(DISTRIBUTIONS)}")
+    scale = r.number("RANDOM_SCALE")
+    _require(scale > 0, f"CONFIG_RANDOM_SCALE={scale} must be > 0")
+    return RandomOptions(distribution, scale, r.integer("RANDOM_BATCH_SIZE"), r.integer("RANDOM_BATCHES"))
+
+
+def _cmaes_options(r: _Reader) -> CmaesOptions:
+    sigma = r.number("CMAES_SIGMA")
+    _require(sigma > 0, f"CONFIG_CMAES_SIGMA={sigma} must be > 0")
+    population = r.integer("CMAES_POPULATION")
+    _require(population == 0 or population >= 2, f"CONFIG_CMAES_POPULATION={population} must be 0 (DEAP's "
+             "default) or at least 2: CMA-ES updates from the better half")
+    return CmaesOptions(sigma, population, r.integer("CMAES_GENERATIONS"))
 
 
 def _gepa_options(r: _Reader, max_metric_calls: int) -> GepaOptions:

@@ -451,6 +451,10 @@ class RunArchive:
     def cache_hits(self) -> int:
         return int(self.meta("cache_hits", "0") or 0)
 
+    def answer_times(self) -> list[float]:
+        """When each fresh answer was stored, in order: the metric calls spent by a time."""
+        return [created for (created,) in self._query("SELECT created FROM evaluations ORDER BY created")]
+
     def metric_calls(self) -> int:
         """Fresh (genome, example) evaluations ever made in this run directory."""
         return int(self._query("SELECT count(*) FROM evaluations")[0][0])

@@ -1,0 +1,89 @@
+"""`CONFIG_STRATEGY="cmaes"`: CMA-ES over the delta vector, with DEAP's `deap.cma.Strategy`.
+
+The search distribution starts at the initial deltas with step size CONFIG_CMAES_SIGMA.
+Each generation draws CONFIG_CMAES_POPULATION vectors (0: DEAP's 4 + 3 ln N), evaluates
+them in one engine call and updates the mean, step size and covariance from the best
+half; those vectors are the next generation's parents in the archive. The strategy's
+arrays go into the state file after every generation, so a rerun resumes exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from deap import cma
+
+from compressor_2.config import CmaesOptions, Config
+from compressor_2.errors import ConfigError
+from compressor_2.evolution.budget import Cost
+from compressor_2.evolution.individual import new_individual
+from compressor_2.evolution.run import Run
+from compressor_2.evolution.search import search
+from compressor_2.steering.deltas import load_deltas, to_list
+
+NAME = "cmaes"
+STATE_FILE = "cmaes_state.json"
+# What `deap.cma.Strategy.update` changes; the rest follows from the dimension and lambda,
+# and the eigendecomposition from C.
+_ARRAYS = ("centroid", "pc", "ps", "C")
+
+
+def estimate(config: Config, n_examples: int) -> Cost:
+    dimension = config.num_clusters + 2  # the k-means clusters, EOS and numbers
+    return Cost("generation", n_examples, population_size(_options(config), dimension) * n_examples, 0.0)
+
+
+def run(run: Run) -> str:
+    options = _options(run.config)
+    centre = to_list(load_deltas(run.config.initial_deltas_path, run.cluster_ids))
+    strategy = cma.Strategy(centroid=centre, sigma=options.sigma, lambda_=population_size(options, len(centre)))
+    return search(run, CmaesSampler(strategy), NAME, options.generations, STATE_FILE, "generation")
+
+
+def population_size(options: CmaesOptions, dimension: int) -> int:
+    return options.population or int(4 + 3 * np.log(dimension))
+
+
+@dataclass
+class CmaesSampler:
+    strategy: cma.Strategy
+
+    def ask(self) -> list[list[float]]:
+        return [list(ind) for ind in self.strategy.generate(new_individual)]
+
+    def tell(self, batch: Sequence[Sequence[float]], fitness: Sequence[float]) -> list[int]:
+        population = [new_individual(genome) for genome in batch]
+        for ind, value in zip(population, fitness):
+            ind.fitness.values = (value,)
+        ranked = sorted(range(len(population)), key=lambda i: -fitness[i])  # update sorts the same way
+        self.strategy.update(population)
+        return ranked[: self.strategy.mu]
+
+    def state(self) -> dict[str, Any]:
+        s = self.strategy
+        return {**{name: np.asarray(getattr(s, name)).tolist() for name in _ARRAYS},
+                "sigma": float(s.sigma), "update_count": s.update_count}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        s = self.strategy
+        for name in _ARRAYS:
+            setattr(s, name, np.asarray(state[name], dtype=float))
+        s.sigma, s.update_count = state["sigma"], int(state["update_count"])
+        # The decomposition exactly as `update` computes it: restored from the file, B and
+        # BD would have another memory layout, and the products drawn from them would
+        # differ in the last bits from an uninterrupted run's.
+        diag, basis = np.linalg.eigh(s.C)
+        order = np.argsort(diag)
+        s.cond = diag[order[-1]] / diag[order[0]]
+        s.diagD = diag[order] ** 0.5
+        s.B = basis[:, order]
+        s.BD = s.B * s.diagD
+
+
+def _options(config: Config) -> CmaesOptions:
+    if config.cmaes is None:
+        raise ConfigError("CONFIG_STRATEGY_CMAES=y is needed for the CMA-ES strategy's options")
+    return config.cmaes

@@ -1,0 +1,67 @@
+"""`CONFIG_STRATEGY="random"`: random search, the baseline every other strategy must beat.
+
+Each step draws a batch of i.i.d. delta vectors around the initial deltas: every delta
+is the initial one plus a normal (standard deviation CONFIG_RANDOM_SCALE) or uniform
+(on +/- CONFIG_RANDOM_SCALE) draw. Nothing is learnt from the fitness; the loop, the
+archive, the budgets and resume are `evolution.search`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from compressor_2.config import Config, RandomOptions
+from compressor_2.errors import ConfigError
+from compressor_2.evolution.budget import Cost
+from compressor_2.evolution.run import Run
+from compressor_2.evolution.search import search
+from compressor_2.steering.deltas import load_deltas, to_list
+
+NAME = "random"
+STATE_FILE = "random_state.json"
+
+
+def estimate(config: Config, n_examples: int) -> Cost:
+    return Cost("batch", n_examples, _options(config).batch_size * n_examples, 0.0)
+
+
+def run(run: Run) -> str:
+    options = _options(run.config)
+    centre = to_list(load_deltas(run.config.initial_deltas_path, run.cluster_ids))
+    sampler = RandomSampler(centre, options.distribution, options.scale, options.batch_size)
+    return search(run, sampler, NAME, options.batches, STATE_FILE, "batch")
+
+
+@dataclass
+class RandomSampler:
+    centre: list[float]
+    distribution: str  # "normal" or "uniform"
+    scale: float
+    batch_size: int
+
+    def ask(self) -> list[list[float]]:
+        shape = (self.batch_size, len(self.centre))
+        if self.distribution == "uniform":
+            noise = np.random.uniform(-self.scale, self.scale, shape)
+        else:
+            noise = np.random.normal(0.0, self.scale, shape)
+        return (np.asarray(self.centre) + noise).tolist()
+
+    def tell(self, batch: Sequence[Sequence[float]], fitness: Sequence[float]) -> list[int]:
+        return []  # every draw is independent of what came before
+
+    def state(self) -> dict[str, Any]:
+        return {}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        del state
+
+
+def _options(config: Config) -> RandomOptions:
+    if config.random is None:
+        raise ConfigError("CONFIG_STRATEGY_RANDOM=y is needed for the random strategy's options")
+    return config.random
