@@ -1,0 +1,159 @@
+"""Issue K, items 4 to 7 and 9: every hostile input found so far, run through the real CLI
+(`compressor_2.cli.main`, in this process), each with the exit code and the one line it
+must give.
+
+A case plants its input in a fresh directory (`Scene`) and returns the command line to
+run. A refused input must end in exactly one line on stderr, before any work: no answer
+is added to the run archive and no file of the run directory changes. Inputs that need a
+run to resume get a copy of the session's uninterrupted 4-generation run, resumed with
+CONFIG_NGEN=5, so an input that slipped through would run a generation.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sqlite3
+from collections.abc import Callable
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from compressor_2.cli import main
+from tests.test_evolution_support import DEFAULT_NGEN, write_config
+
+pytestmark = pytest.mark.slow
+
+RESUMED_NGEN = str(DEFAULT_NGEN + 1)
+
+
+@dataclass
+class Scene:
+    """A fresh working directory with a tiny config; `out` is its CONFIG_OUTPUT_DIR."""
+
+    work: Path
+    shared: Path
+    model: Path
+    uninterrupted: Path
+
+    @property
+    def out(self) -> Path:
+        return self.work / "out"
+
+    def config(self, **symbols: str) -> Path:
+        return write_config(self.work, self.shared, self.model, **symbols)
+
+    def command(self, name: str, *args: str, **symbols: str) -> list[str]:
+        return [name, "--config", str(self.config(**symbols)), *args]
+
+    def config_text(self, extra: bytes, **symbols: str) -> list[str]:
+        """check-config on the tiny config with `extra` appended as raw bytes."""
+        path = self.config(**symbols)
+        path.write_bytes(path.read_bytes() + extra)
+        return ["check-config", "--config", str(path)]
+
+    def finished_run(self) -> Path:
+        """A copy of the uninterrupted run as this scene's output directory."""
+        shutil.copytree(self.uninterrupted, self.out)
+        return self.out
+
+    def edit_run_file(self, name: str, edit: Callable[[Any], Any]) -> list[str]:
+        """The finished run with `name` replaced by `edit(its JSON)` (or edited in place when
+        `edit` returns None), resumed for one more generation."""
+        path = self.finished_run() / name
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        edited = edit(raw)
+        path.write_text(json.dumps(raw if edited is None else edited), encoding="utf-8")
+        return self.command("evolve", NGEN=RESUMED_NGEN)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    plant: Callable[[Scene], list[str]]  # plants the input, returns the command line
+    code: int
+    pattern: str  # a regex the single error line (or, with code 0, stdout) must match
+
+
+def answers_stored(out: Path) -> int:
+    if not (out / "run.sqlite").exists():
+        return 0
+    with closing(sqlite3.connect(out / "run.sqlite")) as db:
+        return int(db.execute("SELECT count(*) FROM evaluations").fetchone()[0])
+
+
+def run_files(out: Path) -> dict[str, bytes]:
+    """The run directory's files but the archive and the lock (which every start opens)."""
+    if not out.is_dir():
+        return {}
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*"))
+            if p.is_file() and not p.name.startswith(("run.sqlite", "run.lock"))}
+
+
+MISSPELT_TEMPLATE = "{evidence}\n\n{question}\nAnswer in {foo} words."
+
+
+def set_state(**fields: Any) -> Callable[[Any], None]:
+    return lambda raw: raw.update(fields)
+
+
+CASES = [
+    # -- item 5: config holes ------------------------------------------------------------------
+    Case("truncation size with tournament selection", lambda s: s.command("check-config", TRUNCATION_TOP_K="3"),
+         2, r"CONFIG_TRUNCATION_TOP_K=3 is set but no selection draws by truncation"),
+    Case("tournament size with truncation selection",
+         lambda s: s.command("check-config", SELECTION='"truncation"', TRUNCATION_TOP_K="2"),
+         2, r"CONFIG_TOURNAMENT_SIZE=2 is set but no selection draws by tournament"),
+    Case("a config line twice", lambda s: s.config_text(b"CONFIG_NGEN=4\n", NGEN="4"),
+         2, r"test\.config:\d+: CONFIG_NGEN set more than once"),
+    Case("a config that is not UTF-8", lambda s: s.config_text(b"# caf\xe9\n"),
+         2, r"config file '.*test\.config' line \d+: byte 0xe9 is not UTF-8"),
+    Case("a config that is a directory", lambda s: ["check-config", "--config", str(s.work)],
+         2, r"config file '.*' is a directory"),
+    Case("NGEN with a leading zero is read as kconfiglib reads it", lambda s: s.command("check-config", NGEN="01"),
+         0, r"(?m)^ngen += 1$"),
+    Case("an unknown placeholder in the prompt template",
+         lambda s: s.command("evolve", PROMPT_TEMPLATE_PATH=f'"{template(s, MISSPELT_TEMPLATE)}"'),
+         2, r"prompt template '.*' has the unknown placeholder\(s\) \{foo\}"),
+    Case("a deltas file that is not UTF-8", lambda s: s.command("evaluate", "--deltas", str(planted(s, b"\xff{}"))),
+         2, r"deltas file '.*planted' is not UTF-8"),
+    Case("a deltas file that is a directory", lambda s: s.command("evaluate", "--deltas", str(s.work)),
+         2, r"deltas file '.*' is a directory"),
+    Case("initial deltas that are a directory", lambda s: s.command("evolve", INITIAL_DELTAS_PATH=f'"{s.work}"'),
+         2, r"deltas file '.*' is a directory"),
+]
+
+
+def template(scene: Scene, text: str) -> Path:
+    path = scene.work / "template.txt"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def planted(scene: Scene, data: bytes) -> Path:
+    path = scene.work / "planted"
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_a_hostile_input_gets_one_line_and_its_exit_code(case: Case, tmp_path, shared, tiny_model_dir, uninterrupted,
+                                                          capsys):
+    scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted)
+    argv = case.plant(scene)
+    files, answers = run_files(scene.out), answers_stored(scene.out)
+    capsys.readouterr()
+    code = main(argv)
+    captured = capsys.readouterr()
+    if case.code == 0:
+        assert code == 0, captured.err
+        assert re.search(case.pattern, captured.out), captured.out
+        return
+    lines = captured.err.strip().splitlines()
+    assert (code, len(lines)) == (case.code, 1), captured.err
+    assert re.fullmatch(rf"error: .*{case.pattern}.*", lines[0]), lines[0]
+    assert answers_stored(scene.out) == answers and run_files(scene.out) == files
