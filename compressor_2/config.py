@@ -295,8 +295,13 @@ def load_config(path: str | Path) -> Config:
         sym.str_value  # range warnings are only emitted when a value is computed
     _check_kconfig_warnings(kconf)
     _check_unmet_assignments(kconf)
-    r = _Reader(kconf)
-    return _build(r)
+    config = _build(_Reader(kconf))
+    if config.engine == "sglang":
+        # Imported here: the engine's module needs the Config this module defines.
+        from compressor_2.engines.sglang_server import check_addresses
+
+        check_addresses(config)
+    return config
 
 
 def _check_readable(path: Path) -> None:

@@ -56,6 +56,13 @@ class Scene:
         path.write_bytes(path.read_bytes() + extra)
         return ["check-config", "--config", str(path)]
 
+    def sglang_check(self, **symbols: str) -> list[str]:
+        """check-config on the tiny config switched to the SGLang engine."""
+        path = self.config(ENGINE_SGLANG="y", **symbols)
+        path.write_text("".join(line for line in path.read_text().splitlines(keepends=True)
+                                if not line.startswith("CONFIG_TRANSFORMERS_DEVICE=")))
+        return ["check-config", "--config", str(path)]
+
     def finished_run(self) -> Path:
         """A copy of the uninterrupted run as this scene's output directory."""
         shutil.copytree(self.uninterrupted, self.out)
@@ -125,6 +132,21 @@ CASES = [
          2, r"deltas file '.*' is a directory"),
     Case("initial deltas that are a directory", lambda s: s.command("evolve", INITIAL_DELTAS_PATH=f'"{s.work}"'),
          2, r"deltas file '.*' is a directory"),
+    # -- item 7: one loopback rule for launched and attached SGLang servers -----------------------
+    Case("an attached server on another machine", lambda s: s.sglang_check(SGLANG_URLS='"http://10.0.0.5:30000"'),
+         2, r"CONFIG_SGLANG_URLS has http://10\.0\.0\.5:30000, which is not a loopback address .*SSH tunnel"),
+    Case("an attached server on another machine, allowed",
+         lambda s: s.sglang_check(SGLANG_URLS='"http://10.0.0.5:30000"', SGLANG_ALLOW_REMOTE="y"),
+         0, r"(?m)^sglang_urls += http://10\.0\.0\.5:30000$"),
+    Case("attached servers on IPv6 and IPv4 loopback addresses",
+         lambda s: s.sglang_check(SGLANG_URLS='"http://[::1]:30000,http://127.0.0.2:30001,http://localhost:30002"'),
+         0, r"(?m)^sglang_urls += http://\[::1\]:30000,"),
+    Case("a launched server exposed on all interfaces",
+         lambda s: s.sglang_check(SGLANG_COMMAND='"python -m sglang.launch_server --host 0.0.0.0"'),
+         2, r"CONFIG_SGLANG_COMMAND has --host 0\.0\.0\.0, which exposes the server"),
+    Case("a launched server on the IPv6 loopback",
+         lambda s: s.sglang_check(SGLANG_COMMAND='"python -m sglang.launch_server --host ::1"'),
+         0, r"(?m)^sglang_command += python -m sglang\.launch_server --host ::1$"),
 ]
 
 
