@@ -104,11 +104,54 @@ def run_files(out: Path) -> dict[str, bytes]:
 MISSPELT_TEMPLATE = "{evidence}\n\n{question}\nAnswer in {foo} words."
 
 
-def set_state(**fields: Any) -> Callable[[Any], None]:
-    return lambda raw: raw.update(fields)
+def put(*path: Any, value: Any) -> Callable[[Any], None]:
+    """An edit setting the item at `path` (keys and indices) of a JSON document to `value`."""
+    def edit(raw: Any) -> None:
+        for key in path[:-1]:
+            raw = raw[key]
+        raw[path[-1]] = value
+    return edit
 
+
+STATE, HISTORY = "evolution_state.json", "history.json"
+NAN = float("nan")
 
 CASES = [
+    # -- item 4: hand-edited run files -----------------------------------------------------------
+    Case("state: a best fitness of NaN", lambda s: s.edit_run_file(STATE, put("best_fitness", value=NAN)),
+         2, r"evolution_state\.json': best_fitness is nan, not a finite number in \[0, 1\]"),
+    Case("state: a generation of true", lambda s: s.edit_run_file(STATE, put("generation", value=True)),
+         2, r"evolution_state\.json': generation is True, not an integer >= 0"),
+    Case("state: a best fitness of 99", lambda s: s.edit_run_file(STATE, put("best_fitness", value=99)),
+         2, r"evolution_state\.json': best_fitness is 99, not a finite number in \[0, 1\]"),
+    Case("state: a best fitness the archive contradicts",
+         lambda s: s.edit_run_file(STATE, put("best_fitness", value=0.95)),
+         2, r"evolution_state\.json': best_fitness is 0\.95, but '.*run\.sqlite' records 0\.\d+ for the best "
+            r"individual \(candidate \d+\)"),
+    Case("state: a best fitness as a string", lambda s: s.edit_run_file(STATE, put("best_fitness", value="0.4")),
+         2, r"evolution_state\.json': best_fitness is '0\.4', not a finite number"),
+    Case("state: no best fitness", lambda s: s.edit_run_file(STATE, lambda raw: raw.pop("best_fitness") and None),
+         2, r"evolution_state\.json': best_fitness is missing"),
+    Case("state: a list, not an object", lambda s: s.edit_run_file(STATE, lambda raw: []),
+         2, r"evolution_state\.json': holds \[\], not a JSON object"),
+    Case("state: a member the archive does not hold",
+         lambda s: s.edit_run_file(STATE, put("population", 0, "candidate_id", value=9999)),
+         2, r"evolution_state\.json': population\[0\] is candidate 9999, but '.*run\.sqlite' does not hold it"),
+    Case("state: a member's delta of NaN",
+         lambda s: s.edit_run_file(STATE, put("population", 1, "deltas", "0", value=NAN)),
+         2, r"evolution_state\.json': population\[1\]\.deltas\.0 is nan, not a finite number"),
+    Case("history: an object, not a list", lambda s: s.edit_run_file(HISTORY, lambda raw: {}),
+         2, r"history\.json': holds \{\}, not a list of generation entries"),
+    Case("history: a fitness as a string", lambda s: s.edit_run_file(HISTORY, put(2, "best_fitness", value="high")),
+         2, r"history\.json': entry 2: best_fitness is 'high', not a finite number"),
+    Case("history: a generation of true", lambda s: s.edit_run_file(HISTORY, put(1, "generation", value=True)),
+         2, r"history\.json': entry 1: generation is True, not an integer >= 0"),
+    Case("history: mean tokens of NaN", lambda s: s.edit_run_file(HISTORY, put(0, "mean_tokens", value=NAN)),
+         2, r"history\.json': entry 0: mean_tokens is nan, not a finite number"),
+    Case("history: an infinite counter", lambda s: s.edit_run_file(HISTORY, put(0, "seconds", value=float("inf"))),
+         2, r"history\.json': entry 0: seconds is inf, not a finite number"),
+    Case("history: shorter than the state", lambda s: s.edit_run_file(HISTORY, lambda raw: raw[:2]),
+         2, rf"history\.json' ends before generation {DEFAULT_NGEN}, where the run resumes"),
     # -- item 5: config holes ------------------------------------------------------------------
     Case("truncation size with tournament selection", lambda s: s.command("check-config", TRUNCATION_TOP_K="3"),
          2, r"CONFIG_TRUNCATION_TOP_K=3 is set but no selection draws by truncation"),
@@ -179,3 +222,14 @@ def test_a_hostile_input_gets_one_line_and_its_exit_code(case: Case, tmp_path, s
     assert (code, len(lines)) == (case.code, 1), captured.err
     assert re.fullmatch(rf"error: .*{case.pattern}.*", lines[0]), lines[0]
     assert answers_stored(scene.out) == answers and run_files(scene.out) == files
+
+
+def test_a_hand_edited_tree_is_never_read_but_drawn_again(tmp_path, shared, tiny_model_dir, uninterrupted, capsys):
+    """tree.json is a copy for other tools: the tree is drawn from the archive, so an edit
+    (here: edges without their kind) cannot reach the run, and the next save replaces it."""
+    scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted)
+    argv = scene.edit_run_file("tree.json", lambda raw: {"nodes": raw["nodes"], "edges": [{"source": "x"}]})
+    assert main(argv) == 0, capsys.readouterr().err
+    tree = json.loads((scene.out / "tree.json").read_text(encoding="utf-8"))
+    assert all("kind" in edge for edge in tree["edges"])
+    assert any(node["id"] == f"g{RESUMED_NGEN}_pop0" for node in tree["nodes"])

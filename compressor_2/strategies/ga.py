@@ -46,6 +46,7 @@ from compressor_2.evolution.state import (
     EvolutionState,
     Member,
     capture_rng,
+    check_against_archive,
     load_state,
     restore_rng,
     save_state,
@@ -73,7 +74,10 @@ def estimate(config: Config, n_examples: int) -> Cost:
 
 def run(run: Run) -> str:
     config, out, ids = run.config, run.out, run.cluster_ids
-    saved = load_state(out / STATE_FILE, ids, config.population_size)
+    saved = load_state(out / STATE_FILE, ids, config.population_size,
+                       config.lambda_shortness + config.lambda_correctness)
+    if saved:
+        check_against_archive(saved, out / STATE_FILE, run.archive, deterministic=config.temperature == 0)
     start = saved.generation if saved else 0
     if saved and start >= config.ngen:
         run.best.member, run.best.fitness = saved.best_individual, saved.best_fitness
