@@ -9,10 +9,31 @@ from pathlib import Path
 from typing import Any
 
 
+def _temp_file(path: Path) -> tuple[int, str]:
+    """An open temp file next to `path`: `.{name}.{8 random characters}.tmp`."""
+    return tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+
+
+def why_unwritable(directory: Path) -> str | None:
+    """Makes `directory` and creates and removes one temp file there, as a write does; None
+    when that worked, else why the writes that matter could not be made there (phrased to
+    follow the directory's name)."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = _temp_file(directory / "probe")
+        os.close(fd)
+        os.unlink(tmp)
+    except (FileExistsError, NotADirectoryError):
+        return "is not a directory (a file stands there or above it)"
+    except OSError as exc:
+        return f"cannot be written ({exc.strerror})"
+    return None
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _temp_file(path)
     try:
         # mkstemp makes 0600 files; give the usual umask-based mode so that, e.g., an SGLang
         # server running as another user can read token_clusters.npy.

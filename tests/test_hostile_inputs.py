@@ -175,6 +175,21 @@ CASES = [
          2, r"deltas file '.*' is a directory"),
     Case("initial deltas that are a directory", lambda s: s.command("evolve", INITIAL_DELTAS_PATH=f'"{s.work}"'),
          2, r"deltas file '.*' is a directory"),
+    Case("an output directory that is a file", lambda s: planted(s, b"", "out") and s.command("evolve"),
+         2, r"CONFIG_OUTPUT_DIR='.*out' is not a directory \(a file stands there or above it\)"),
+    Case("an output directory under a file",
+         lambda s: s.command("evolve", OUTPUT_DIR=f'"{planted(s, b"") / "out"}"'),
+         2, r"CONFIG_OUTPUT_DIR='.*planted/out' is not a directory"),
+    Case("evaluate --out a directory", lambda s: s.command("evaluate", "--out", str(s.work)),
+         2, r"evaluate --out '.*' is a directory: name the JSON file to write"),
+    Case("evaluate --out the run's state",
+         lambda s: s.command("evaluate", "--out", str(s.finished_run() / STATE)),
+         2, r"evaluate --out '.*out/evolution_state\.json' is a file of the run in '.*out'"),
+    Case("evaluate --out the run's archive",
+         lambda s: s.command("evaluate", "--out", str(s.finished_run() / "run.sqlite")),
+         2, r"evaluate --out '.*out/run\.sqlite' is a file of the run in '.*out'"),
+    Case("evaluate --out under a file", lambda s: s.command("evaluate", "--out", str(planted(s, b"") / "e.json")),
+         2, r"evaluate --out '.*planted/e\.json': its directory is not a directory"),
     # -- item 7: one loopback rule for launched and attached SGLang servers -----------------------
     Case("an attached server on another machine", lambda s: s.sglang_check(SGLANG_URLS='"http://10.0.0.5:30000"'),
          2, r"CONFIG_SGLANG_URLS has http://10\.0\.0\.5:30000, which is not a loopback address .*SSH tunnel"),
@@ -199,8 +214,8 @@ def template(scene: Scene, text: str) -> Path:
     return path
 
 
-def planted(scene: Scene, data: bytes) -> Path:
-    path = scene.work / "planted"
+def planted(scene: Scene, data: bytes, name: str = "planted") -> Path:
+    path = scene.work / name
     path.write_bytes(data)
     return path
 
@@ -233,3 +248,46 @@ def test_a_hand_edited_tree_is_never_read_but_drawn_again(tmp_path, shared, tiny
     tree = json.loads((scene.out / "tree.json").read_text(encoding="utf-8"))
     assert all("kind" in edge for edge in tree["edges"])
     assert any(node["id"] == f"g{RESUMED_NGEN}_pop0" for node in tree["nodes"])
+
+
+PR_CAPBSET_DROP = 24  # prctl(2)
+CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH = 1, 2  # capability(7)
+
+
+def obeying_permissions() -> None:
+    """preexec_fn: the child loses the capabilities that let root write anywhere (its bounding
+    set, so the interpreter it execs never has them); for other users a no-op."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for capability in (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH):
+        libc.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0)
+
+
+def test_an_output_directory_that_cannot_be_written_is_refused_before_any_work(tmp_path, shared, tiny_model_dir,
+                                                                             uninterrupted):
+    """A run directory made read-only: the resumed run would otherwise fail at its first save,
+    after a generation's work. A subprocess, so that it runs without root's overrides."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted)
+    argv = scene.command("evolve", NGEN=RESUMED_NGEN)
+    out = scene.finished_run()
+    files, answers = run_files(out), answers_stored(out)
+    out.chmod(0o555)
+    try:
+        probe = subprocess.run([sys.executable, "-c", "import pathlib, sys; pathlib.Path(sys.argv[1], 'x').touch()",
+                                str(out)], capture_output=True, preexec_fn=obeying_permissions, check=False)
+        if probe.returncode == 0:
+            pytest.skip("this user writes into a read-only directory (root, and its CAP_DAC_OVERRIDE cannot be "
+                        "dropped here)")
+        result = subprocess.run([sys.executable, "-m", "compressor_2", *argv], cwd=REPO, capture_output=True,
+                                text=True, preexec_fn=obeying_permissions, timeout=300, check=False)
+    finally:
+        out.chmod(0o755)
+    assert (result.returncode, result.stderr.strip().splitlines()) == (
+        2, [f"error: CONFIG_OUTPUT_DIR='{out}' cannot be written (Permission denied)"]), result.stderr
+    assert answers_stored(out) == answers and run_files(out) == files

@@ -24,12 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from compressor_2.archive.database import ARCHIVE_FILE, RunArchive
+from compressor_2.atomic import why_unwritable
 from compressor_2.config import Config
 from compressor_2.data.example import Example
 from compressor_2.errors import ConfigError, RunError
 from compressor_2.evolution.best import DELTAS_BEST, PROCESSOR_BEST, BestEver
 from compressor_2.evolution.budget import Budget, Limits, shortfall
-from compressor_2.evolution.lock import run_lock
+from compressor_2.evolution.lock import LOCK_FILE, run_lock
 from compressor_2.evolution.progress import answers_bar, say
 from compressor_2.fitness import Evaluation, Evaluator, answer_context
 from compressor_2.reflector.base import Reflector
@@ -104,6 +105,7 @@ def evolve(config: Config) -> None:
 
     out = config.output_dir
     strategy = load_strategy(config.strategy)
+    check_output_dir(out)
     with run_lock(out):
         _refuse_pre_archive_directory(out)
         clusters = build_clusters(config)
@@ -182,6 +184,38 @@ def open_archive(out: Path, strategy: str) -> RunArchive:
         raise ConfigError(f"'{out / ARCHIVE_FILE}' holds a run of strategy {recorded!r}, not "
                           f"CONFIG_STRATEGY={strategy!r}: choose another CONFIG_OUTPUT_DIR for a new run")
     return archive
+
+
+def check_output_dir(out: Path) -> None:
+    """CONFIG_OUTPUT_DIR must be a directory this process can write, and that is found out
+    here, before any work: the first save would otherwise fail after a generation's."""
+    if reason := why_unwritable(out):
+        raise ConfigError(f"CONFIG_OUTPUT_DIR='{out}' {reason}")
+
+
+def owned_files() -> frozenset[str]:
+    """The names `evolve` writes in its output directory, whatever the strategy: other
+    commands must not write over them."""
+    from compressor_2.engines.sglang_server import LOG_NAME
+    from compressor_2.evolution.history import HISTORY_FILE
+    from compressor_2.evolution.plots import FITNESS_PLOT, LENGTHS_PLOT
+    from compressor_2.evolution.state import STATE_FILE
+    from compressor_2.evolution.tree import TREE_FILE
+    from compressor_2.steering.deltas import fingerprint_path
+    from compressor_2.strategies import archive, ga, gepa
+
+    return frozenset({
+        ARCHIVE_FILE, f"{ARCHIVE_FILE}-wal", f"{ARCHIVE_FILE}-shm", f"{ARCHIVE_FILE}-journal", LOCK_FILE,
+        STATE_FILE, HISTORY_FILE, TREE_FILE, FITNESS_PLOT, LENGTHS_PLOT, DELTAS_BEST, PROCESSOR_BEST,
+        fingerprint_path(Path(DELTAS_BEST)).name, LOG_NAME, ga.TREE_PLOT, archive.STATE_FILE,
+        archive.SNAPSHOTS_FILE, archive.PROGRESS_PLOT, archive.TREE_PLOT, gepa.STATE_FILE, gepa.FRONT_FILE,
+        gepa.PROGRESS_PLOT, gepa.TREE_PLOT,
+    })
+
+
+def is_run_directory(directory: Path, config: Config) -> bool:
+    """CONFIG_OUTPUT_DIR, or any directory an `evolve` has locked."""
+    return directory.resolve() == config.output_dir.resolve() or (directory / LOCK_FILE).exists()
 
 
 def _refuse_pre_archive_directory(out: Path) -> None:
