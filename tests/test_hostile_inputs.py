@@ -175,6 +175,7 @@ CASES = [
          2, r"deltas file '.*' is a directory"),
     Case("initial deltas that are a directory", lambda s: s.command("evolve", INITIAL_DELTAS_PATH=f'"{s.work}"'),
          2, r"deltas file '.*' is a directory"),
+    # -- item 5: outputs that cannot be written, checked before any work ---------------------------
     Case("an output directory that is a file", lambda s: planted(s, b"", "out") and s.command("evolve"),
          2, r"CONFIG_OUTPUT_DIR='.*out' is not a directory \(a file stands there or above it\)"),
     Case("an output directory under a file",
@@ -291,3 +292,59 @@ def test_an_output_directory_that_cannot_be_written_is_refused_before_any_work(t
     assert (result.returncode, result.stderr.strip().splitlines()) == (
         2, [f"error: CONFIG_OUTPUT_DIR='{out}' cannot be written (Permission denied)"]), result.stderr
     assert answers_stored(out) == answers and run_files(out) == files
+
+
+# -- item 6: interrupt edges -------------------------------------------------------------------
+
+def test_ctrl_c_again_and_again_while_the_state_is_saved(tmp_path, shared, tiny_model_dir, capsys):
+    """After the first Ctrl+C every further one is ignored: here 20 of them, 5 ms apart,
+    which span the save, the clean-up and the interpreter's exit. Exit 130, no traceback,
+    and a state the rerun resumes from."""
+    import signal
+    import time
+
+    from tests.test_resume import interrupt_after, start_evolve
+
+    config_path = write_config(tmp_path, shared, tiny_model_dir, NGEN="3")
+    state_path = tmp_path / "out" / STATE
+    proc = start_evolve(config_path)
+    interrupt_after(proc, state_path, 1, signal.SIGINT)
+    for _ in range(19):
+        time.sleep(0.005)  # spacing only: nothing below depends on when a signal lands
+        proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
+    assert "interrupted: state saved to" in stderr and stderr.rstrip().endswith("interrupted")
+    assert main(["evolve", "--config", str(config_path)]) == 0, capsys.readouterr().err
+    assert json.loads(state_path.read_text(encoding="utf-8"))["generation"] == 3
+
+
+def test_temp_files_a_killed_run_left_are_removed_and_nothing_else(tmp_path, shared, tiny_model_dir, uninterrupted,
+                                                                  capsys):
+    """The atomic writer's temp files nobody holds are the rerun's to remove, in the run's
+    directories only; a temp file another process is still writing, and anything not named
+    like a temp file, stay."""
+    import fcntl
+    import os
+
+    scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted)
+    argv = scene.command("evolve")  # the finished run: nothing to evolve
+    out = scene.finished_run()
+    orphans = [out / ".evolution_state.json.k2x_9q0a.tmp", out / ".fitness_vs_generation.png.abcdefgh.tmp",
+               out / "reflector_prompts" / ".gen_0_mutation_child0_attempt1.txt.0a1b2c3d.tmp"]
+    kept = [out / "notes.tmp", out / ".notes.tmp", out / ".history.json.ABCDEFGH.tmp", out / ".x.abcdefgh.tmp.bak",
+            out / "mine" / ".history.json.abcdefgh.tmp", out / ".evaluation_x.json.inflight.tmp"]
+    (out / "mine").mkdir()
+    for path in orphans + kept:
+        path.write_text("partial")
+    (out / ".dir.abcdefgh.tmp").mkdir()
+    writer = os.open(out / ".evaluation_x.json.inflight.tmp", os.O_RDONLY)
+    try:
+        fcntl.flock(writer, fcntl.LOCK_EX)  # as an `evaluate` writing its report there would
+        assert main(argv) == 0, capsys.readouterr().err
+    finally:
+        os.close(writer)
+    assert "removed 3 temp file(s) a killed run had left" in capsys.readouterr().out
+    assert [p for p in orphans if p.exists()] == []
+    assert [p for p in kept if not p.exists()] == [] and (out / ".dir.abcdefgh.tmp").is_dir()

@@ -13,18 +13,16 @@ import contextlib
 import functools
 import io
 import shlex
-import signal
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from compressor_2.archive.database import ARCHIVE_FILE, RunArchive
-from compressor_2.atomic import why_unwritable
+from compressor_2.atomic import remove_orphans, why_unwritable
 from compressor_2.config import Config
 from compressor_2.data.example import Example
 from compressor_2.errors import ConfigError, RunError
@@ -33,7 +31,9 @@ from compressor_2.evolution.budget import Budget, Limits, shortfall
 from compressor_2.evolution.lock import LOCK_FILE, run_lock
 from compressor_2.evolution.progress import answers_bar, say
 from compressor_2.fitness import Evaluation, Evaluator, answer_context
+from compressor_2.interrupts import signals_ignored, stop_on_first_signal
 from compressor_2.reflector.base import Reflector
+from compressor_2.reflector.prompt_log import PROMPT_DIR
 
 # Files a run directory of an earlier compressor_2 (before the archive) holds.
 PRE_ARCHIVE_FILES = ("evolution_state.json", "history.json")
@@ -107,6 +107,7 @@ def evolve(config: Config) -> None:
     strategy = load_strategy(config.strategy)
     check_output_dir(out)
     with run_lock(out):
+        _remove_orphans(out)
         _refuse_pre_archive_directory(out)
         clusters = build_clusters(config)
         ids = list(clusters.cluster_ids)
@@ -115,7 +116,7 @@ def evolve(config: Config) -> None:
         pool = ThreadPoolExecutor(config.reflector_concurrency, thread_name_prefix="reflector")
         reflector, engine, budget = None, None, None
         try:
-            with sigterm_as_interrupt():
+            with stop_on_first_signal():
                 # A missing API key stops us here, before the model loads.
                 reflector = make_reflector(config, clusters, recorder=archive.record_call)
                 engine = LazyEngine(config, clusters)
@@ -193,6 +194,14 @@ def check_output_dir(out: Path) -> None:
         raise ConfigError(f"CONFIG_OUTPUT_DIR='{out}' {reason}")
 
 
+def _remove_orphans(out: Path) -> None:
+    """What writers killed mid-write (kill -9) left in the run's directories; the run lock
+    keeps every other evolve out of them meanwhile."""
+    removed = [path for directory in (out, out / PROMPT_DIR) for path in remove_orphans(directory)]
+    if removed:
+        say(f"removed {len(removed)} temp file(s) a killed run had left in {out}")
+
+
 def owned_files() -> frozenset[str]:
     """The names `evolve` writes in its output directory, whatever the strategy: other
     commands must not write over them."""
@@ -232,38 +241,6 @@ def quietly(fn: Callable[..., None], *args: Any, **kwargs: Any) -> None:
     """Runs `fn` without its own report lines: BestEver says what changed, once."""
     with contextlib.redirect_stdout(io.StringIO()):
         fn(*args, **kwargs)
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM takes the Ctrl+C path: save the state, close the engine, exit."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: object) -> None:
-        del signum, frame
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-@contextlib.contextmanager
-def signals_ignored() -> Iterator[None]:
-    """A second Ctrl+C must not cut the final save short."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def resume_command() -> str:

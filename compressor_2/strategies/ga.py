@@ -40,7 +40,7 @@ from compressor_2.evolution.individual import Individual, initial_population, in
 from compressor_2.evolution.operators import RRState, make_fallback, make_selection, pairs
 from compressor_2.evolution.plots import FITNESS_PLOT, LENGTHS_PLOT, plot_fitness, plot_lengths
 from compressor_2.evolution.progress import answers_bar, generation_line, ordinal, say
-from compressor_2.evolution.run import Run, resume_command, signals_ignored
+from compressor_2.evolution.run import Run, resume_command
 from compressor_2.evolution.state import (
     STATE_FILE,
     EvolutionState,
@@ -53,6 +53,7 @@ from compressor_2.evolution.state import (
     seed_rng,
 )
 from compressor_2.evolution.tree import TREE_FILE, EvolutionTree, mut_id, pop_id, pre_id
+from compressor_2.interrupts import signals_ignored
 from compressor_2.reflector.base import PopulationMember, Selected, SelectionRequest
 from compressor_2.reflector.prompts import estimated_call_tokens
 from compressor_2.steering.deltas import load_deltas, to_dict, to_list
