@@ -19,7 +19,7 @@ from pathlib import Path
 from compressor_2.api_key import ScrubFilter, scrub
 from compressor_2.config import Config, load_config
 from compressor_2.errors import ConfigError, RunError
-from compressor_2.interrupts import stop_on_first_signal
+from compressor_2.interrupts import stop_on_first_signal, stopping
 
 DESCRIPTION = ("compressor_2: evolve per-cluster logit steering deltas so that an LLM answers briefly "
                "without answering worse. Configure with `make menuconfig` (writes .config), then run "
@@ -159,15 +159,21 @@ def _run(args: argparse.Namespace) -> int:
     except RunError as exc:
         return _fail(args, exc, 1)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        return _interrupted()
     except BrokenPipeError:
         # The reader went away (`... | head`): not an error worth a message.
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - stays open until exit
         return 0
     except Exception as exc:  # noqa: BLE001 - the one-line promise covers surprises too
+        if stopping():
+            return _interrupted()
         return _fail(args, exc, 1, prefix=f"{type(exc).__name__}: ")
     return 0
+
+
+def _interrupted() -> int:
+    print("interrupted", file=sys.stderr)
+    return 130
 
 
 def _fail(args: argparse.Namespace, exc: BaseException, code: int, prefix: str = "") -> int:

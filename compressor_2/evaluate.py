@@ -27,13 +27,16 @@ def run_evaluate(config: Config, deltas_path: Path | None, indices: str | None,
     from compressor_2.clusters.clusterset import cluster_map_digest
     from compressor_2.data.financebench import examples_from_config
     from compressor_2.engines.registry import make_engine
+    from compressor_2.evolution.run import check_output_dir
     from compressor_2.judges.registry import make_judge
 
+    # Every input is checked before the model loads: a typo should cost seconds.
     if out is None:
+        check_output_dir(config.output_dir)
         # Named after the deltas so a baseline and a best vector never overwrite each other.
         out = config.output_dir / f"evaluation_{deltas_path.stem if deltas_path else 'baseline'}.json"
-    # Every input is checked before the model loads: a typo should cost seconds.
-    check_out(config, out)
+    else:
+        check_out(config, out)
     clusters = build_clusters(config)
     ids = canonical_ids(clusters.cluster_ids)
     if deltas_path is not None:
@@ -57,8 +60,8 @@ def run_evaluate(config: Config, deltas_path: Path | None, indices: str | None,
 
 
 def check_out(config: Config, out: Path) -> None:
-    """The records file can be written, and is not one of a run's own files (an evaluation
-    written over evolution_state.json would lose the run)."""
+    """`--out` can be written, and is not one of a run's own files (an evaluation written
+    over evolution_state.json would lose the run)."""
     from compressor_2.evolution.run import is_run_directory, owned_files
 
     if out.is_dir():

@@ -11,13 +11,21 @@ import threading
 from collections.abc import Iterator
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_ARRIVED = threading.Event()  # in the outermost `stop_on_first_signal` block
 
 
 def _stop(signum: int, frame: object) -> None:
     del signum, frame
+    _ARRIVED.set()
     for sig in SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     raise KeyboardInterrupt
+
+
+def stopping() -> bool:
+    """Whether a stop signal has arrived: an error raised after it is its consequence (a
+    KeyboardInterrupt that lands in a module's import comes out as an ImportError)."""
+    return _ARRIVED.is_set()
 
 
 def _main_thread() -> bool:
@@ -35,6 +43,7 @@ def stop_on_first_signal(restore: bool = True) -> Iterator[None]:
     if not _main_thread() or _stop in map(signal.getsignal, SIGNALS):
         yield
         return
+    _ARRIVED.clear()
     previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
     # None: a handler set outside Python, which could not be put back.
     armed = [sig for sig, handler in previous.items() if handler not in (signal.SIG_IGN, None)]
@@ -43,8 +52,7 @@ def stop_on_first_signal(restore: bool = True) -> Iterator[None]:
     try:
         yield
     finally:
-        arrived = any(signal.getsignal(sig) is signal.SIG_IGN for sig in armed)
-        if restore or not arrived:
+        if restore or not stopping():
             for sig in armed:
                 signal.signal(sig, previous[sig])
 
