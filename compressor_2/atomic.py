@@ -1,23 +1,84 @@
-"""Writes that matter go through here: temp file in the same folder, fsync, rename."""
+"""Writes that matter go through here: temp file in the same folder, fsync, rename.
+
+A temp file is locked while it is written, until its rename: one found unlocked was left
+by a process killed mid-write, and `remove_orphans` may delete it.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
+
+# `_temp_file`'s names: mkstemp puts 8 characters of this alphabet between prefix and suffix.
+TEMP_NAME = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
+
+
+def _temp_file(path: Path) -> tuple[int, str]:
+    """An open temp file next to `path`, `.{name}.{8 random characters}.tmp`, locked."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    # Where locks are not supported the file is simply never taken for an orphan.
+    with contextlib.suppress(OSError):
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd, tmp
+
+
+def remove_orphans(directory: Path) -> list[Path]:
+    """Deletes the temp files killed writers left in `directory` (not below it) and returns
+    them: files with a temp file's name that no process holds locked. A file another
+    process is writing (an `evaluate` report, say) is locked, and kept."""
+    if not directory.is_dir():
+        return []
+    removed = []
+    for path in sorted(directory.iterdir()):
+        if not TEMP_NAME.fullmatch(path.name) or path.is_symlink() or not path.is_file():
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            path.unlink()
+            removed.append(path)
+        except OSError:
+            continue  # in use, or gone already
+        finally:
+            os.close(fd)
+    return removed
+
+
+def why_unwritable(directory: Path) -> str | None:
+    """Makes `directory` and creates and removes one temp file there, as a write does; None
+    when that worked, else why the writes that matter could not be made there (phrased to
+    follow the directory's name)."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = _temp_file(directory / "probe")
+        os.unlink(tmp)
+        os.close(fd)
+    except (FileExistsError, NotADirectoryError):
+        return "is not a directory (a file stands there or above it)"
+    except OSError as exc:
+        return f"cannot be written ({exc.strerror})"
+    return None
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _temp_file(path)
     try:
         # mkstemp makes 0600 files; give the usual umask-based mode so that, e.g., an SGLang
         # server running as another user can read token_clusters.npy.
         os.fchmod(fd, 0o666 & ~_UMASK)
-        with os.fdopen(fd, "wb") as handle:
+        # Kept open (and so locked) until the rename.
+        with os.fdopen(fd, "wb", closefd=False) as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
@@ -25,6 +86,8 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    finally:
+        os.close(fd)
     # The rename itself must survive a crash too.
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:

@@ -10,7 +10,6 @@ import argparse
 import dataclasses
 import logging
 import os
-import signal
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -20,6 +19,7 @@ from pathlib import Path
 from compressor_2.api_key import ScrubFilter, scrub
 from compressor_2.config import Config, load_config
 from compressor_2.errors import ConfigError, RunError
+from compressor_2.interrupts import stop_on_first_signal, stopping
 
 DESCRIPTION = ("compressor_2: evolve per-cluster logit steering deltas so that an LLM answers briefly "
                "without answering worse. Configure with `make menuconfig` (writes .config), then run "
@@ -136,11 +136,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _raise_interrupt(signum: int, frame: object) -> None:
-    del signum, frame
-    raise KeyboardInterrupt
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # Our own progress lines (server starts, restarts) at INFO; libraries (httpx logs every
@@ -149,8 +144,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     for handler in logging.getLogger().handlers:
         handler.addFilter(ScrubFilter())
     logging.getLogger("compressor_2").setLevel(logging.DEBUG if args.debug else logging.INFO)
-    # SIGTERM takes Ctrl+C's path, so servers are stopped and state is saved either way.
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    # SIGTERM takes Ctrl+C's path, so servers are stopped and state is saved either way; once
+    # one of them arrived, both stay ignored until the process has exited.
+    with stop_on_first_signal(restore=False):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
         args.run(config, args)
@@ -159,15 +159,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RunError as exc:
         return _fail(args, exc, 1)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        return _interrupted()
     except BrokenPipeError:
         # The reader went away (`... | head`): not an error worth a message.
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - stays open until exit
         return 0
     except Exception as exc:  # noqa: BLE001 - the one-line promise covers surprises too
+        if stopping():
+            return _interrupted()
         return _fail(args, exc, 1, prefix=f"{type(exc).__name__}: ")
     return 0
+
+
+def _interrupted() -> int:
+    print("interrupted", file=sys.stderr)
+    return 130
 
 
 def _fail(args: argparse.Namespace, exc: BaseException, code: int, prefix: str = "") -> int:

@@ -217,7 +217,8 @@ class _Reader:
     def integer(self, name: str) -> int:
         value = self.raw(name)
         try:
-            return int(value, 0)
+            # Base 10, as kconfiglib reads an int symbol: "01" is 1 there, so it is here.
+            return int(value, 10)
         except ValueError:
             raise ConfigError(f"CONFIG_{name}={value!r} is not an integer") from None
 
@@ -305,22 +306,45 @@ def _sentinel(r: _Reader, name: str) -> None:
 def load_config(path: str | Path) -> Config:
     """Parse, check and freeze the `.config` at `path`."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(
-            f"config file '{path}' not found: create it with `make defconfig` "
-            "(the embedded default) or `make menuconfig`, or pass --config PATH"
-        )
+    _check_readable(path)
     kconf = kconfiglib.Kconfig(str(KCONFIG_PATH), warn_to_stderr=False)
     kconf.warn_assign_undef = True
     kconf.warn_assign_override = True
-    kconf.warn_assign_redun = False
+    # A line repeated with the same value is refused too: one of the two was meant to be another.
+    kconf.warn_assign_redun = True
     kconf.load_config(str(path))
     for sym in kconf.unique_defined_syms:
         sym.str_value  # range warnings are only emitted when a value is computed
     _check_kconfig_warnings(kconf)
     _check_unmet_assignments(kconf)
-    r = _Reader(kconf)
-    return _build(r)
+    config = _build(_Reader(kconf))
+    if config.engine == "sglang":
+        # Imported here: the engine's module needs the Config this module defines.
+        from compressor_2.engines.sglang_server import check_addresses
+
+        check_addresses(config)
+    return config
+
+
+def _check_readable(path: Path) -> None:
+    """A config kconfiglib can read: it would report a directory or a non-UTF-8 byte with an
+    exception naming no line."""
+    if path.is_dir():
+        raise ConfigError(f"config file '{path}' is a directory: pass the .config file itself")
+    if not path.is_file():
+        raise ConfigError(
+            f"config file '{path}' not found: create it with `make defconfig` "
+            "(the embedded default) or `make menuconfig`, or pass --config PATH"
+        )
+    try:
+        data = path.read_bytes()
+        data.decode("utf-8")
+    except OSError as exc:
+        raise ConfigError(f"config file '{path}' cannot be read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"config file '{path}' line {line}: byte {data[exc.start]:#04x} is not UTF-8; "
+                          "save the file as UTF-8") from None
 
 
 def _build(r: _Reader) -> Config:
@@ -356,8 +380,14 @@ def _build(r: _Reader) -> Config:
         _require(fallback in FALLBACK_SELECTIONS, f"CONFIG_SELECTION_FALLBACK={fallback!r} is unknown; use one of "
                  f"{', '.join(FALLBACK_SELECTIONS)}")
     drawn = {selection, fallback}
-    tournament_size = _selection_size(r, "TOURNAMENT_SIZE", "tournament" in drawn, population)
-    truncation_top_k = _selection_size(r, "TRUNCATION_TOP_K", "truncation" in drawn, population)
+    sizes = {"TOURNAMENT_SIZE": "tournament", "TRUNCATION_TOP_K": "truncation"}
+    used = {name: _selection_size(r, name, population) for name, kind in sizes.items() if kind in drawn}
+    for name, kind in sizes.items():
+        # A size no selection reads is a sign that the selection is not the one meant.
+        _require(name in used or r.integer(name) == -1,
+                 f"CONFIG_{name}={r.integer(name)} is set but no selection draws by {kind} "
+                 f"(CONFIG_SELECTION={selection!r}"
+                 f"{f', CONFIG_SELECTION_FALLBACK={fallback!r}' if fallback else ''}): set it to -1 (unset)")
     scope = r.string("MUTATION_SCOPE").strip()
     _require(scope in MUTATION_SCOPES,
              f"CONFIG_MUTATION_SCOPE={scope!r} is unknown; use one of {', '.join(MUTATION_SCOPES)}")
@@ -457,8 +487,8 @@ def _build(r: _Reader) -> Config:
         elitism_size=elitism,
         selection=selection,
         selection_fallback=fallback,
-        tournament_size=tournament_size,
-        truncation_top_k=truncation_top_k,
+        tournament_size=used.get("TOURNAMENT_SIZE"),
+        truncation_top_k=used.get("TRUNCATION_TOP_K"),
         mutation_scope=scope,
         embedding_model=r.string("EMBEDDING_MODEL"),
         pca_components=r.integer("PCA_COMPONENTS"),
@@ -468,10 +498,8 @@ def _build(r: _Reader) -> Config:
     )
 
 
-def _selection_size(r: _Reader, name: str, required: bool, population: int) -> int | None:
+def _selection_size(r: _Reader, name: str, population: int) -> int:
     value = r.integer(name)
-    if not required:
-        return None
     _require(value != -1, f"CONFIG_{name} is not set (still at its sentinel -1) but CONFIG_SELECTION "
              "(or CONFIG_SELECTION_FALLBACK) needs it")
     _require(

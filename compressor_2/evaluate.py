@@ -12,9 +12,10 @@ from typing import Any
 
 from tqdm import tqdm
 
-from compressor_2.atomic import atomic_write_json
+from compressor_2.atomic import atomic_write_json, why_unwritable
 from compressor_2.config import Config
 from compressor_2.data.example import Example
+from compressor_2.errors import ConfigError
 from compressor_2.fitness import Evaluation, Evaluator
 from compressor_2.steering.deltas import canonical_ids, check_fingerprint, load_deltas, to_dict, to_list
 
@@ -26,11 +27,18 @@ def run_evaluate(config: Config, deltas_path: Path | None, indices: str | None,
     from compressor_2.clusters.clusterset import cluster_map_digest
     from compressor_2.data.financebench import examples_from_config
     from compressor_2.engines.registry import make_engine
+    from compressor_2.evolution.run import check_output_dir
     from compressor_2.judges.registry import make_judge
 
+    # Every input is checked before the model loads: a typo should cost seconds.
+    if out is None:
+        check_output_dir(config.output_dir)
+        # Named after the deltas so a baseline and a best vector never overwrite each other.
+        out = config.output_dir / f"evaluation_{deltas_path.stem if deltas_path else 'baseline'}.json"
+    else:
+        check_out(config, out)
     clusters = build_clusters(config)
     ids = canonical_ids(clusters.cluster_ids)
-    # Every input is checked before the model loads: a typo should cost seconds.
     if deltas_path is not None:
         check_fingerprint(deltas_path, cluster_map_digest(clusters), force)
     deltas = to_list(load_deltas(deltas_path, ids)) if deltas_path is not None else [0.0] * len(ids)
@@ -47,11 +55,22 @@ def run_evaluate(config: Config, deltas_path: Path | None, indices: str | None,
 
     kinds = breakdown(examples, evaluation)
     print(format_summary(evaluation, kinds))
-    if out is None:
-        # Named after the deltas so a baseline and a best vector never overwrite each other.
-        out = config.output_dir / f"evaluation_{deltas_path.stem if deltas_path else 'baseline'}.json"
     atomic_write_json(out, report(config, ids, evaluation, examples, kinds))
     print(f"records written to {out}")
+
+
+def check_out(config: Config, out: Path) -> None:
+    """`--out` can be written, and is not one of a run's own files (an evaluation written
+    over evolution_state.json would lose the run)."""
+    from compressor_2.evolution.run import is_run_directory, owned_files
+
+    if out.is_dir():
+        raise ConfigError(f"evaluate --out '{out}' is a directory: name the JSON file to write")
+    if out.name in owned_files() and is_run_directory(out.parent, config):
+        raise ConfigError(f"evaluate --out '{out}' is a file of the run in '{out.parent}': choose another name, "
+                          "e.g. evaluation.json")
+    if reason := why_unwritable(out.parent):
+        raise ConfigError(f"evaluate --out '{out}': its directory {reason}")
 
 
 def breakdown(examples: Sequence[Example], evaluation: Evaluation) -> dict[str, dict[str, float]]:

@@ -113,7 +113,7 @@ def test_good_config_loads_typed_values(tmp_path: Path) -> None:
         'CONFIG_LAMBDA_SHORTNESS="0.3"\nCONFIG_LAMBDA_CORRECTNESS="0.9"\n'
         "CONFIG_ENGINE_SGLANG=y\n"
         'CONFIG_SGLANG_URLS="http://127.0.0.1:30000/, http://127.0.0.1:30001"\n'
-        'CONFIG_SELECTION="truncation"\nCONFIG_TRUNCATION_TOP_K=3\n'
+        'CONFIG_SELECTION="truncation"\nCONFIG_TRUNCATION_TOP_K=3\nCONFIG_TOURNAMENT_SIZE=-1\n'
         'CONFIG_FINANCEBENCH_POOL_INDICES="0,3,5-9"\nCONFIG_JUDGE_HYBRID=y\n'
         "CONFIG_REFLECTOR_OPENAI=y\n"
     ))

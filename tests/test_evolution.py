@@ -115,7 +115,7 @@ def test_clones_are_served_from_the_cache(tmp_path, shared, tiny_model_dir):
 
 def test_mutated_children_are_evaluated_twice(tmp_path, shared, tiny_model_dir):
     out = run_evolve(tmp_path, shared, tiny_model_dir, NGEN="2", CXPB='"0"', MUTPB='"1"',
-                     SELECTION='"truncation"', TRUNCATION_TOP_K="2")
+                     SELECTION='"truncation"', TRUNCATION_TOP_K="2", TOURNAMENT_SIZE="-1")
     history = read_json(out / "history.json")
     for h in history[:-1]:
         assert h["mutations"] + h["mutations_skipped"] == h["children"] == 3

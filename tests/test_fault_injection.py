@@ -94,6 +94,11 @@ def kill_once_saved(config_path: Path, generation: int, log: Path) -> tuple[int,
     return proc.returncode, seen
 
 
+def temp_files(out: Path) -> list[Path]:
+    """The atomic writer's temp files (`.{name}.{8 characters}.tmp`) in a run directory."""
+    return sorted(out.rglob(".*.tmp")) if out.exists() else []
+
+
 def connect(db: Path) -> sqlite3.Connection:
     """run.sqlite as left behind, read-only: the WAL a killed writer left is read, never
     checkpointed away, so the file is inspected exactly as the rerun will find it."""
@@ -257,9 +262,12 @@ def test_sigkill_at_a_random_moment_then_resume(trial, tmp_path, shared, tiny_mo
     problems = soundness_problems(out)
     assert not problems, f"{what}: {problems}"
 
+    left = temp_files(out)
     rerun_in_process(config_path)
     problems = final_state_differences(out, reference.out)
     assert not problems, f"{what}: {problems}"
+    # The rerun removed the temp files the kill left behind (issue K item 6).
+    assert temp_files(out) == [], f"{what}: {len(left)} temp file(s) after the kill, still {temp_files(out)}"
 
 
 @pytest.mark.slow

@@ -49,7 +49,7 @@ def test_the_state_round_trips_with_exactly_the_seed_keys(tmp_path: Path):
                         "last_candidate_id"}
     assert raw["population"][0] == {"candidate_id": 1, "deltas": {"0": 1.0, "1": 0.0, "2": -1.0},
                                     "scratchpad": "note"}
-    assert load_state(tmp_path / "s.json", IDS, 2) == state
+    assert load_state(tmp_path / "s.json", IDS, 2, 1.0) == state
 
 
 def test_restoring_the_rng_replays_the_same_draws(tmp_path: Path):
@@ -58,22 +58,22 @@ def test_restoring_the_rng_replays_the_same_draws(tmp_path: Path):
     random.seed(99)
     np.random.seed(99)
     save_state(tmp_path / "s.json", state)
-    restore_rng(load_state(tmp_path / "s.json", IDS, 2).rng)
+    restore_rng(load_state(tmp_path / "s.json", IDS, 2, 1.0).rng)
     assert ([random.random() for _ in range(3)], np.random.rand(3).tolist()) == expected
 
 
 def test_no_state_file_means_a_fresh_run(tmp_path: Path):
-    assert load_state(tmp_path / "missing.json", IDS, 2) is None
+    assert load_state(tmp_path / "missing.json", IDS, 2, 1.0) is None
 
 
 @pytest.mark.parametrize(("edit", "message"), [
-    (lambda raw: raw.pop("rr_idx"), "malformed"),
+    (lambda raw: raw.pop("rr_idx"), "rr_idx is missing"),
     (lambda raw: raw.update(rr_idx=3), "rr_idx is 3"),
     (lambda raw: raw.update(generation=-1), "generation is -1"),
     (lambda raw: raw["population"][1]["deltas"].pop("2"), "cluster id\\(s\\) 2 missing.*clusters changed"),
-    (lambda raw: raw["population"][0].update(scratchpad=None), "scratchpad is not a string"),
+    (lambda raw: raw["population"][0].update(scratchpad=None), "population\\[0\\].scratchpad is None, not a string"),
     (lambda raw: raw.update(best_fitness=None), "both be set or both be null"),
-    (lambda raw: raw["rng"].update(random=[3, [1, 2], None]), "malformed"),
+    (lambda raw: raw["rng"].update(random=[3, [1, 2], None]), "rng cannot be restored"),
     (lambda raw: raw.update(population=[raw["population"][0]]), "holds 1 individuals but CONFIG_POPULATION_SIZE=2"),
     (lambda raw: raw["population"][0].update(candidate_id="1"), "candidate_id is '1'"),
     (lambda raw: raw.update(last_candidate_id=-1), "last_candidate_id is -1"),
@@ -85,7 +85,7 @@ def test_a_state_that_cannot_be_used_is_a_clear_error(tmp_path: Path, edit, mess
     edit(raw)
     path.write_text(json.dumps(raw))
     with pytest.raises(ConfigError, match=message) as excinfo:
-        load_state(path, IDS, 2)
+        load_state(path, IDS, 2, 1.0)
     assert "evolution_state.json" in str(excinfo.value) and "fresh run" in str(excinfo.value)
 
 
@@ -93,7 +93,7 @@ def test_an_unparsable_state_is_a_clear_error(tmp_path: Path):
     path = tmp_path / "evolution_state.json"
     path.write_bytes(b"\xff\xfe not json")
     with pytest.raises(ConfigError, match="cannot be read"):
-        load_state(path, IDS, 2)
+        load_state(path, IDS, 2, 1.0)
 
 
 # -- resumed runs ---------------------------------------------------------------------------

@@ -177,6 +177,13 @@ def test_attach_to_an_unreachable_url_is_a_clear_error(tiny_model_dir, clusters,
         SGLangEngine.from_config(config, clusters)
 
 
+def test_attach_to_another_machine_is_refused_before_any_request(tiny_model_dir, clusters, tmp_path: Path):
+    # The address is never contacted: the refusal comes first.
+    config = sglang_config(tmp_path / "run", tiny_model_dir, sglang_urls=("http://192.0.2.1:30000",))
+    with pytest.raises(ConfigError, match="not a loopback address .*CONFIG_SGLANG_ALLOW_REMOTE=y"):
+        SGLangEngine.from_config(config, clusters)
+
+
 def test_a_server_without_the_processor_flag_is_reported(tiny_model_dir, clusters, tmp_path: Path):
     port = free_port()
     # Attached, so nothing adds --enable-custom-logit-processor for us.

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from compressor_2.engines.sglang_server import LOG_NAME, SGLangServer, launch_command
+from compressor_2.engines.sglang_server import LOG_NAME, SGLangServer, is_loopback, launch_command
 from compressor_2.errors import ConfigError, RunError
 from tests.sglang_helpers import REPO, fake_stats, logged_pids, process_gone, sglang_config
 
@@ -60,6 +60,22 @@ def test_launch_command_binds_all_interfaces_only_when_allowed(config_for):
     exposed = dataclasses.replace(config_for(), sglang_command="sglang.launch_server --host 0.0.0.0")
     with pytest.raises(ConfigError, match="CONFIG_SGLANG_ALLOW_REMOTE"):
         launch_command(exposed)
+
+
+@pytest.mark.parametrize(("host", "loopback"), [
+    ("127.0.0.1", True), ("127.0.0.2", True), ("::1", True), ("[::1]", True), ("localhost", True),
+    ("LocalHost", True), ("0.0.0.0", False), ("::", False), ("10.0.0.5", False), ("gpu1", False), ("", False),
+])
+def test_one_loopback_rule(host: str, loopback: bool):
+    assert is_loopback(host) is loopback
+
+
+def test_a_server_launched_on_the_ipv6_loopback_is_reached_there(config_for):
+    config = config_for()
+    config = dataclasses.replace(config, sglang_command=config.sglang_command + " --host ::1")
+    with SGLangServer(config) as server:
+        assert server.url == f"http://[::1]:{config.sglang_port}"
+        assert fake_stats(server.url)["host"] == "::1"
 
 
 def test_launch_command_refuses_a_port_that_contradicts_the_config(config_for):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
 from compressor_2.errors import ConfigError
 
 DEFAULT_TEMPLATE = "Evidence:\n{evidence}\n\nQuestion: {question}"
+PLACEHOLDERS = ("{question}", "{evidence}")
 
 
 def load_template(path: Path | None) -> str:
@@ -18,9 +20,16 @@ def load_template(path: Path | None) -> str:
         template = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"prompt template '{path}' cannot be read: {exc.strerror}") from None
-    for field in ("{question}", "{evidence}"):
+    except UnicodeDecodeError:
+        raise ConfigError(f"prompt template '{path}' is not UTF-8 text") from None
+    for field in PLACEHOLDERS:
         if field not in template:
             raise ConfigError(f"prompt template '{path}' lacks the placeholder {field}")
+    # Nothing else is filled in: a misspelt placeholder would reach the model as it stands.
+    unknown = sorted(set(re.findall(r"\{\w+\}", template)) - set(PLACEHOLDERS))
+    if unknown:
+        raise ConfigError(f"prompt template '{path}' has the unknown placeholder(s) {', '.join(unknown)}: "
+                          f"only {' and '.join(PLACEHOLDERS)} are filled in")
     return template
 
 

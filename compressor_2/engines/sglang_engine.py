@@ -20,7 +20,7 @@ import httpx
 
 from compressor_2.engines.base import Generation, GenerationRequest, Progress
 from compressor_2.engines.chat import encode_prompt
-from compressor_2.engines.sglang_server import SGLangServer
+from compressor_2.engines.sglang_server import SGLangServer, check_addresses
 from compressor_2.errors import ConfigError, RunError
 from compressor_2.steering.processor import custom_params, processor_spec
 
@@ -118,6 +118,7 @@ class SGLangEngine:
     @classmethod
     def from_config(cls, config: Config, clusters: ClusterSet, tokenizer: Any = None) -> SGLangEngine:
         """Attach to CONFIG_SGLANG_URLS, or launch the one server of this run."""
+        check_addresses(config)
         tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.model_path)
         if len(clusters.token_clusters) != len(tokenizer):
             raise ConfigError(

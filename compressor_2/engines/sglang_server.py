@@ -3,13 +3,15 @@ polling, and a stop that cannot leave a GPU-holding process behind.
 
 One server serves the whole run (each request carries its own deltas), so it is
 started once and restarted only when it crashed. The server runs `dill.loads` on a
-request field while `--enable-custom-logit-processor` is on, so it binds 127.0.0.1
-unless the config explicitly allows remote access.
+request field while `--enable-custom-logit-processor` is on, so every server this
+project talks to, launched or attached, must be on a loopback address unless the
+config explicitly allows remote access (`check_addresses`).
 """
 
 from __future__ import annotations
 
 import atexit
+import ipaddress
 import logging
 import os
 import shlex
@@ -19,6 +21,7 @@ import subprocess
 import time
 from collections import deque
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -31,7 +34,36 @@ LOG_NAME = "sglang_server.log"
 LOG_TAIL_LINES = 30
 CUSTOM_PROCESSOR_FLAG = "--enable-custom-logit-processor"
 _LOOPBACK = "127.0.0.1"
-_LOCAL_HOSTS = {"127.0.0.1", "localhost"}
+_WILDCARDS = {"0.0.0.0": "127.0.0.1", "::": "::1"}  # a server bound to all interfaces: its loopback
+TUNNEL_HINT = ("reach a server on another machine through an SSH tunnel (ssh -N -L 30001:127.0.0.1:30000 HOST, "
+               "then http://127.0.0.1:30001)")
+
+
+def is_loopback(host: str) -> bool:
+    """localhost, 127.0.0.0/8 or ::1 (brackets allowed): the only addresses where a server that runs
+    code sent in requests is reached by this machine alone."""
+    host = host.strip().removeprefix("[").removesuffix("]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_addresses(config: Config) -> None:
+    """The one loopback rule, for launched and attached servers alike, checked before anything
+    starts: a launched server's --host, or every CONFIG_SGLANG_URLS host, must be loopback
+    unless CONFIG_SGLANG_ALLOW_REMOTE=y."""
+    if not config.sglang_urls:
+        launch_command(config)
+        return
+    for url in config.sglang_urls:
+        if not (config.sglang_allow_remote or is_loopback(urlsplit(url).hostname or "")):
+            raise ConfigError(
+                f"CONFIG_SGLANG_URLS has {url}, which is not a loopback address (anyone who reaches the "
+                f"server can run code on it): {TUNNEL_HINT}, or set CONFIG_SGLANG_ALLOW_REMOTE=y if every "
+                "peer on that network is trusted")
 
 
 def _option(command: list[str], flag: str) -> str | None:
@@ -70,7 +102,7 @@ def launch_command(config: Config) -> list[str]:
     host = _option(command, "--host")
     if host is None:
         command += ["--host", bind_host(config)]
-    elif host not in _LOCAL_HOSTS and not config.sglang_allow_remote:
+    elif not (config.sglang_allow_remote or is_loopback(host)):
         raise ConfigError(
             f"CONFIG_SGLANG_COMMAND has --host {host}, which exposes the server (it runs code sent "
             "in requests); remove it, or set CONFIG_SGLANG_ALLOW_REMOTE=y if you really mean it"
@@ -82,13 +114,25 @@ def launch_command(config: Config) -> list[str]:
     return command
 
 
+def client_url(host: str, port: int) -> str:
+    """Where this machine reaches a server bound to `host`: the loopback of a wildcard bind,
+    else the host itself (an IPv6 address in brackets)."""
+    host = _WILDCARDS.get(host, host)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def ensure_port_free(host: str, port: int) -> None:
     """Fail before launching, not after a long model load, when the port is taken."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        raise ConfigError(
+            f"CONFIG_SGLANG_COMMAND has --host {host}, which does not resolve ({exc.strerror})") from None
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
         # The server sets SO_REUSEADDR too, so a port in TIME_WAIT (a previous run) is free.
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            probe.bind((host, port))
+            probe.bind(address)
         except OSError as exc:
             raise ConfigError(
                 f"CONFIG_SGLANG_PORT={port}: {host}:{port} is already in use ({exc.strerror}); "
@@ -114,8 +158,7 @@ class SGLangServer:
         self.command = launch_command(config)
         self.host = _option(self.command, "--host") or bind_host(config)
         self.port = config.sglang_port
-        # Clients always go through the loopback, also when the server binds 0.0.0.0.
-        self.url = f"http://{_LOOPBACK}:{config.sglang_port}"
+        self.url = client_url(self.host, config.sglang_port)
         self.log_path = config.output_dir / LOG_NAME
         self.startup_timeout = config.sglang_startup_timeout
         self.poll_interval = config.sglang_poll_interval

@@ -1,10 +1,15 @@
 """history.json: one entry per generation g, describing the population entering g (what
 selection saw) and the work g did; the last entry is the final population, and holds
-`stop_reason` once the run has stopped (all generations ran, or a budget was reached)."""
+`stop_reason` once the run has stopped (all generations ran, or a budget was reached).
+
+Entry i is generation (or iteration) i for every strategy, and the plots read the same
+fields from all of them; a resumed run checks both, and that every number is finite,
+before any work."""
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -12,8 +17,11 @@ from typing import Any
 
 from compressor_2.atomic import atomic_write_json
 from compressor_2.errors import ConfigError
+from compressor_2.evolution import fields
+from compressor_2.evolution.fields import FieldError
 
 HISTORY_FILE = "history.json"
+PLOTTED = ("best_fitness", "mean_fitness", "best_ever_fitness", "mean_tokens", "best_mean_tokens")
 
 
 @dataclass
@@ -63,11 +71,34 @@ def load_history(path: Path, before: int) -> list[dict[str, Any]]:
     """The entries of generations < `before` (a resumed run rewrites the rest)."""
     if not path.exists():
         return []
+    hint = "move it away to continue without it"
     try:
         entries = json.loads(path.read_text(encoding="utf-8"))
-        return [e for e in entries if e["generation"] < before]
-    except (OSError, ValueError, TypeError, KeyError) as exc:
-        raise ConfigError(f"'{path}' cannot be read ({exc}); move it away to continue without it") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"'{path}' cannot be read ({exc}); {hint}") from None
+    try:
+        _check(entries)
+    except FieldError as exc:
+        raise ConfigError(f"'{path}': {exc}; {hint}") from None
+    if len(entries) < before:
+        raise ConfigError(f"'{path}' ends before generation {before}, where the run resumes; {hint}")
+    return entries[:before]
+
+
+def _check(entries: Any) -> None:
+    if not isinstance(entries, list):
+        raise FieldError(f"holds {fields.shown(entries)}, not a list of generation entries")
+    for i, item in enumerate(entries):
+        if not isinstance(item, dict):
+            raise FieldError(f"entry {i} is {fields.shown(item)}, not an object")
+        where = f"entry {i}: "
+        if fields.integer(item, "generation", where) != i:
+            raise FieldError(f"{where}generation is {item['generation']}, not {i} (entries run 0, 1, 2, ...)")
+        for key in PLOTTED:
+            fields.number(item, key, where)
+        for key, found in item.items():
+            if isinstance(found, float) and not math.isfinite(found):
+                raise FieldError(f"{where}{key} is {found!r}, not a finite number")
 
 
 def save_history(path: Path, entries: Sequence[dict[str, Any]]) -> None:

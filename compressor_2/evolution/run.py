@@ -13,26 +13,27 @@ import contextlib
 import functools
 import io
 import shlex
-import signal
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from compressor_2.archive.database import ARCHIVE_FILE, RunArchive
+from compressor_2.atomic import remove_orphans, why_unwritable
 from compressor_2.config import Config
 from compressor_2.data.example import Example
 from compressor_2.errors import ConfigError, RunError
 from compressor_2.evolution.best import DELTAS_BEST, PROCESSOR_BEST, BestEver
 from compressor_2.evolution.budget import Budget, Limits, shortfall
-from compressor_2.evolution.lock import run_lock
+from compressor_2.evolution.lock import LOCK_FILE, run_lock
 from compressor_2.evolution.progress import answers_bar, say
 from compressor_2.fitness import Evaluation, Evaluator, answer_context
+from compressor_2.interrupts import signals_ignored, stop_on_first_signal
 from compressor_2.reflector.base import Reflector
+from compressor_2.reflector.prompt_log import PROMPT_DIR
 
 # Files a run directory of an earlier compressor_2 (before the archive) holds.
 PRE_ARCHIVE_FILES = ("evolution_state.json", "history.json")
@@ -104,7 +105,9 @@ def evolve(config: Config) -> None:
 
     out = config.output_dir
     strategy = load_strategy(config.strategy)
+    check_output_dir(out)
     with run_lock(out):
+        _remove_orphans(out)
         _refuse_pre_archive_directory(out)
         clusters = build_clusters(config)
         ids = list(clusters.cluster_ids)
@@ -113,7 +116,7 @@ def evolve(config: Config) -> None:
         pool = ThreadPoolExecutor(config.reflector_concurrency, thread_name_prefix="reflector")
         reflector, engine, budget = None, None, None
         try:
-            with sigterm_as_interrupt():
+            with stop_on_first_signal():
                 # A missing API key stops us here, before the model loads.
                 reflector = make_reflector(config, clusters, recorder=archive.record_call)
                 engine = LazyEngine(config, clusters)
@@ -184,6 +187,46 @@ def open_archive(out: Path, strategy: str) -> RunArchive:
     return archive
 
 
+def check_output_dir(out: Path) -> None:
+    """CONFIG_OUTPUT_DIR must be a directory this process can write, and that is found out
+    here, before any work: the first save would otherwise fail after a generation's."""
+    if reason := why_unwritable(out):
+        raise ConfigError(f"CONFIG_OUTPUT_DIR='{out}' {reason}")
+
+
+def _remove_orphans(out: Path) -> None:
+    """What writers killed mid-write (kill -9) left in the run's directories; the run lock
+    keeps every other evolve out of them meanwhile."""
+    removed = [path for directory in (out, out / PROMPT_DIR) for path in remove_orphans(directory)]
+    if removed:
+        say(f"removed {len(removed)} temp file(s) a killed run had left in {out}")
+
+
+def owned_files() -> frozenset[str]:
+    """The names `evolve` writes in its output directory, whatever the strategy: other
+    commands must not write over them."""
+    from compressor_2.engines.sglang_server import LOG_NAME
+    from compressor_2.evolution.history import HISTORY_FILE
+    from compressor_2.evolution.plots import FITNESS_PLOT, LENGTHS_PLOT
+    from compressor_2.evolution.state import STATE_FILE
+    from compressor_2.evolution.tree import TREE_FILE
+    from compressor_2.steering.deltas import fingerprint_path
+    from compressor_2.strategies import archive, ga, gepa
+
+    return frozenset({
+        ARCHIVE_FILE, f"{ARCHIVE_FILE}-wal", f"{ARCHIVE_FILE}-shm", f"{ARCHIVE_FILE}-journal", LOCK_FILE,
+        STATE_FILE, HISTORY_FILE, TREE_FILE, FITNESS_PLOT, LENGTHS_PLOT, DELTAS_BEST, PROCESSOR_BEST,
+        fingerprint_path(Path(DELTAS_BEST)).name, LOG_NAME, ga.TREE_PLOT, archive.STATE_FILE,
+        archive.SNAPSHOTS_FILE, archive.PROGRESS_PLOT, archive.TREE_PLOT, gepa.STATE_FILE, gepa.FRONT_FILE,
+        gepa.PROGRESS_PLOT, gepa.TREE_PLOT,
+    })
+
+
+def is_run_directory(directory: Path, config: Config) -> bool:
+    """CONFIG_OUTPUT_DIR, or any directory an `evolve` has locked."""
+    return directory.resolve() == config.output_dir.resolve() or (directory / LOCK_FILE).exists()
+
+
 def _refuse_pre_archive_directory(out: Path) -> None:
     if (out / ARCHIVE_FILE).exists():
         return
@@ -198,38 +241,6 @@ def quietly(fn: Callable[..., None], *args: Any, **kwargs: Any) -> None:
     """Runs `fn` without its own report lines: BestEver says what changed, once."""
     with contextlib.redirect_stdout(io.StringIO()):
         fn(*args, **kwargs)
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM takes the Ctrl+C path: save the state, close the engine, exit."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: object) -> None:
-        del signum, frame
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-@contextlib.contextmanager
-def signals_ignored() -> Iterator[None]:
-    """A second Ctrl+C must not cut the final save short."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def resume_command() -> str:

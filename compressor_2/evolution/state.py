@@ -7,22 +7,32 @@ a resumed run draws exactly what an uninterrupted one would have (GEPA forgets i
 on resume), and last_candidate_id: the archive's newest candidate when the state was
 taken; a resume forgets the candidates made after it, so the replayed generation gives
 them the same ids again. The answers themselves live in the run archive.
+
+The file is read field by field (types, finite numbers, a best fitness within the
+fitness's bounds) and then checked against the archive, before any work: a hand-edited
+state is refused with one line naming the file and the field, never trusted.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from compressor_2.atomic import atomic_write_json
 from compressor_2.errors import ConfigError
+from compressor_2.evolution import fields
+from compressor_2.evolution.fields import FieldError
 from compressor_2.steering.deltas import Deltas, validate_deltas
+
+if TYPE_CHECKING:
+    from compressor_2.archive.database import RunArchive
 
 STATE_FILE = "evolution_state.json"
 
@@ -81,59 +91,100 @@ def save_state(path: Path, state: EvolutionState) -> None:
     })
 
 
-def load_state(path: Path, cluster_ids: Sequence[str], population_size: int) -> EvolutionState | None:
+FRESH_START_HINT = "move it away (or choose another CONFIG_OUTPUT_DIR) to start a fresh run"
+
+
+def load_state(path: Path, cluster_ids: Sequence[str], population_size: int,
+               max_fitness: float) -> EvolutionState | None:
     """The saved state, or None when there is none (a fresh run). A state that cannot be
-    used is a ConfigError: silently starting afresh would throw a run away."""
+    used is a ConfigError: silently starting afresh would throw a run away. `max_fitness`
+    (lambda_s + lambda_c: both fitness terms lie in [0, 1]) bounds the best fitness."""
     if not path.exists():
         return None
-    hint = "move it away (or choose another CONFIG_OUTPUT_DIR) to start a fresh run"
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"'{path}' cannot be read ({exc}); {hint}") from None
+        raise ConfigError(f"'{path}' cannot be read ({exc}); {FRESH_START_HINT}") from None
     if isinstance(raw, dict) and "rr_idx" in raw and "last_candidate_id" not in raw:
         raise ConfigError(f"'{path}' was written by a compressor_2 without the run archive (no candidate "
                           "ids): finish that run with the version that started it, or move the directory "
                           "away (or choose another CONFIG_OUTPUT_DIR) to start a fresh run")
     try:
-        state = _parse(raw, path, cluster_ids)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"'{path}' is malformed ({type(exc).__name__}: {exc}); {hint}") from None
+        state = _parse(raw, path, cluster_ids, max_fitness)
+    except FieldError as exc:
+        raise ConfigError(f"'{path}': {exc}; {FRESH_START_HINT}") from None
     except ConfigError as exc:
-        raise ConfigError(f"{exc} (the clusters changed since this run started); {hint}") from None
+        raise ConfigError(f"{exc} (the clusters changed since this run started); {FRESH_START_HINT}") from None
     if len(state.population) != population_size:
         raise ConfigError(f"'{path}' holds {len(state.population)} individuals but "
-                          f"CONFIG_POPULATION_SIZE={population_size}; {hint}")
+                          f"CONFIG_POPULATION_SIZE={population_size}; {FRESH_START_HINT}")
     return state
 
 
-def _parse(raw: dict[str, Any], path: Path, cluster_ids: Sequence[str]) -> EvolutionState:
-    def member(obj: dict[str, Any], where: str) -> Member:
-        scratchpad = obj["scratchpad"]
-        if not isinstance(scratchpad, str):
-            raise TypeError(f"{where}.scratchpad is not a string")
-        cid = obj["candidate_id"]
-        if isinstance(cid, bool) or not isinstance(cid, int) or cid < 1:
-            raise ValueError(f"{where}.candidate_id is {cid!r}")
-        return Member(validate_deltas(obj["deltas"], cluster_ids, f"'{path}' {where}"), scratchpad, cid)
+def _parse(raw: Any, path: Path, cluster_ids: Sequence[str], max_fitness: float) -> EvolutionState:
+    """Raises FieldError for a field of the wrong kind, ConfigError for deltas over other
+    clusters."""
+    if not isinstance(raw, dict):
+        raise FieldError(f"holds {fields.shown(raw)}, not a JSON object")
 
-    generation, rr_idx, last = raw["generation"], raw["rr_idx"], raw["last_candidate_id"]
-    if isinstance(last, bool) or not isinstance(last, int) or last < 0:
-        raise ValueError(f"last_candidate_id is {last!r}")
-    if not isinstance(generation, int) or generation < 0:
-        raise ValueError(f"generation is {generation!r}")
-    if not isinstance(rr_idx, int) or not 0 <= rr_idx < len(cluster_ids):
-        raise ValueError(f"rr_idx is {rr_idx!r}, not in [0, {len(cluster_ids)})")
-    population = tuple(member(m, f"population[{i}]") for i, m in enumerate(raw["population"]))
-    best = raw["best_individual"]
-    best_fitness = raw["best_fitness"]
+    def member(obj: Any, where: str) -> Member:
+        if not isinstance(obj, dict):
+            raise FieldError(f"{where} is {fields.shown(obj)}, not an object")
+        scratchpad = fields.typed(obj, "scratchpad", str, "a string", f"{where}.")
+        cid = fields.integer(obj, "candidate_id", f"{where}.", minimum=1)
+        deltas = fields.typed(obj, "deltas", dict, "an object {cluster id: delta}", f"{where}.")
+        for cluster in deltas:
+            fields.number(deltas, cluster, f"{where}.deltas.")
+        return Member(validate_deltas(deltas, cluster_ids, f"'{path}' {where}"), scratchpad, cid)
+
+    generation = fields.integer(raw, "generation")
+    rr_idx = fields.integer(raw, "rr_idx")
+    if rr_idx >= len(cluster_ids):
+        raise FieldError(f"rr_idx is {rr_idx}, not in [0, {len(cluster_ids)})")
+    last = fields.integer(raw, "last_candidate_id")
+    population = tuple(member(m, f"population[{i}]")
+                       for i, m in enumerate(fields.typed(raw, "population", list, "a list")))
+    best = fields.value(raw, "best_individual")
+    best_fitness = (None if fields.value(raw, "best_fitness") is None
+                    else fields.number(raw, "best_fitness", low=0.0, high=max_fitness))
     if (best is None) != (best_fitness is None):
-        raise ValueError("best_individual and best_fitness must both be set or both be null")
-    rng = raw["rng"]
-    restore_rng(rng, into=(random.Random(), np.random.RandomState()))  # well-formed?
-    return EvolutionState(generation, population,
-                          member(best, "best_individual") if best is not None else None,
-                          float(best_fitness) if best_fitness is not None else None, rr_idx, rng, last)
+        raise FieldError("best_individual and best_fitness must both be set or both be null")
+    rng = fields.typed(raw, "rng", dict, "an object")
+    try:
+        restore_rng(rng, into=(random.Random(), np.random.RandomState()))  # well-formed?
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
+        raise FieldError(f"rng cannot be restored ({type(exc).__name__}: {exc})") from None
+    return EvolutionState(generation, population, member(best, "best_individual") if best is not None else None,
+                          best_fitness, rr_idx, rng, last)
+
+
+def check_against_archive(state: EvolutionState, path: Path, archive: RunArchive, deterministic: bool) -> None:
+    """The state must describe the run its archive holds: its population are candidates the
+    archive holds with the same deltas, and its best fitness is the one the archive recorded
+    for the best individual. Called before the resume's rollback, while the archive still
+    holds what the state refers to. Only a `deterministic` run (greedy decoding, answers
+    reused) gives a genome one fitness; and the best may be a candidate a rollback already
+    forgot, or one a replay made again differently: those are not compared."""
+    newest = archive.last_candidate_id()
+    if state.last_candidate_id > newest:
+        raise ConfigError(f"'{path}': last_candidate_id is {state.last_candidate_id} but the newest candidate "
+                          f"of '{archive.path}' is {newest}; {FRESH_START_HINT}")
+    for i, member in enumerate(state.population):
+        candidate = archive.candidate(member.candidate_id)
+        if candidate is None or candidate.deltas != member.deltas:
+            held = "does not hold it" if candidate is None else "holds it with other deltas"
+            raise ConfigError(f"'{path}': population[{i}] is candidate {member.candidate_id}, but "
+                              f"'{archive.path}' {held}; {FRESH_START_HINT}")
+    best, recorded = state.best_individual, None
+    if best is not None and deterministic:
+        candidate = archive.candidate(best.candidate_id)
+        if candidate is not None and candidate.deltas == best.deltas:
+            recorded = candidate.fitness
+    if recorded is not None and state.best_fitness is not None and not math.isclose(
+            recorded, state.best_fitness, rel_tol=1e-9, abs_tol=1e-12):
+        raise ConfigError(f"'{path}': best_fitness is {state.best_fitness!r}, but '{archive.path}' records "
+                          f"{recorded!r} for the best individual (candidate {best.candidate_id}); "
+                          f"{FRESH_START_HINT}")
 
 
 def capture_rng_of(rng: random.Random) -> dict[str, Any]:
@@ -154,9 +205,8 @@ def load_strategy_state(path: Path, keys: Sequence[str]) -> dict[str, Any] | Non
         missing = [key for key in keys if key not in state]
         if missing:
             raise KeyError(", ".join(missing))
-        if not isinstance(state["iteration"], int) or not isinstance(state["last_candidate_id"], int):
-            raise ValueError("iteration and last_candidate_id must be integers")
+        fields.integer(state, "iteration")
+        fields.integer(state, "last_candidate_id")
         return state
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"'{path}' cannot be read ({type(exc).__name__}: {exc}); move it away (or choose "
-                          "another CONFIG_OUTPUT_DIR) to start a fresh run") from None
+        raise ConfigError(f"'{path}' cannot be read ({type(exc).__name__}: {exc}); {FRESH_START_HINT}") from None

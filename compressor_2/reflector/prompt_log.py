@@ -10,6 +10,8 @@ from compressor_2.api_key import scrub
 from compressor_2.atomic import atomic_write_text
 from compressor_2.reflector.base import Message, Reply
 
+PROMPT_DIR = "reflector_prompts"  # in the run's output directory
+
 
 class PromptLog:
     def __init__(self, directory: Path, reflector: str) -> None:

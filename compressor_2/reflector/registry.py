@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from compressor_2.archive.database import CallRecord
 from compressor_2.reflector.base import Proposer
-from compressor_2.reflector.prompt_log import PromptLog
+from compressor_2.reflector.prompt_log import PROMPT_DIR, PromptLog
 from compressor_2.reflector.validation import ValidatingReflector
 
 if TYPE_CHECKING:
@@ -40,6 +40,6 @@ def make_reflector(config: Config, clusters: ClusterSet,
     and, with a `recorder`, in the run archive. The caller closes it."""
     proposer = PROPOSERS[config.reflector](config, clusters)
     label = f"openai {config.reflector_model}" if config.reflector == "openai" else proposer.name
-    log = PromptLog(config.output_dir / "reflector_prompts", label)
+    log = PromptLog(config.output_dir / PROMPT_DIR, label)
     return ValidatingReflector(proposer, clusters.descriptions, config.reflector_answer_max_chars, log, recorder,
                                config.reflector_max_consecutive_failures if config.reflector == "openai" else 0)

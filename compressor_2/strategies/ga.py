@@ -40,18 +40,20 @@ from compressor_2.evolution.individual import Individual, initial_population, in
 from compressor_2.evolution.operators import RRState, make_fallback, make_selection, pairs
 from compressor_2.evolution.plots import FITNESS_PLOT, LENGTHS_PLOT, plot_fitness, plot_lengths
 from compressor_2.evolution.progress import answers_bar, generation_line, ordinal, say
-from compressor_2.evolution.run import Run, resume_command, signals_ignored
+from compressor_2.evolution.run import Run, resume_command
 from compressor_2.evolution.state import (
     STATE_FILE,
     EvolutionState,
     Member,
     capture_rng,
+    check_against_archive,
     load_state,
     restore_rng,
     save_state,
     seed_rng,
 )
 from compressor_2.evolution.tree import TREE_FILE, EvolutionTree, mut_id, pop_id, pre_id
+from compressor_2.interrupts import signals_ignored
 from compressor_2.reflector.base import PopulationMember, Selected, SelectionRequest
 from compressor_2.reflector.prompts import estimated_call_tokens
 from compressor_2.steering.deltas import load_deltas, to_dict, to_list
@@ -73,7 +75,10 @@ def estimate(config: Config, n_examples: int) -> Cost:
 
 def run(run: Run) -> str:
     config, out, ids = run.config, run.out, run.cluster_ids
-    saved = load_state(out / STATE_FILE, ids, config.population_size)
+    saved = load_state(out / STATE_FILE, ids, config.population_size,
+                       config.lambda_shortness + config.lambda_correctness)
+    if saved:
+        check_against_archive(saved, out / STATE_FILE, run.archive, deterministic=config.temperature == 0)
     start = saved.generation if saved else 0
     if saved and start >= config.ngen:
         run.best.member, run.best.fitness = saved.best_individual, saved.best_fitness

@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -253,6 +254,10 @@ def make_handler(server: FakeServer) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class IPv6HTTPServer(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
     print(f"fake sglang pid {os.getpid()} host {args.host} port {args.port}", flush=True)
@@ -267,7 +272,9 @@ def main(argv: list[str]) -> None:
         print("RuntimeError: CUDA out of memory (fake)", file=sys.stderr, flush=True)
         sys.exit(args.fake_exit_during_startup)
     server = FakeServer(args)
-    httpd = ThreadingHTTPServer((args.host, args.port), make_handler(server))
+    # As SGLang's own server does, an IPv6 host such as ::1 gets an IPv6 socket.
+    server_class = IPv6HTTPServer if ":" in args.host else ThreadingHTTPServer
+    httpd = server_class((args.host, args.port), make_handler(server))
     httpd.serve_forever()
 
 

@@ -1,0 +1,54 @@
+"""Typed reads of the run files a user can edit by hand (evolution_state.json,
+history.json): each read names the field it refuses, so that a loader can say in one line
+which file and which field is wrong, before any work.
+
+JSON has no integer type apart from numbers and lets `true` pass for 1 in Python; it also
+carries NaN and Infinity. Neither is accepted where a count or a fitness is expected.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+SHOWN_CHARS = 60  # of a refused value in a message
+
+
+class FieldError(ValueError):
+    """A field is missing or holds the wrong kind of value; the message names it."""
+
+
+def shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "..."
+
+
+def value(obj: Mapping[str, Any], key: str, where: str = "") -> Any:
+    if key not in obj:
+        raise FieldError(f"{where}{key} is missing")
+    return obj[key]
+
+
+def typed(obj: Mapping[str, Any], key: str, kind: type, what: str, where: str = "") -> Any:
+    found = value(obj, key, where)
+    if not isinstance(found, kind):
+        raise FieldError(f"{where}{key} is {shown(found)}, not {what}")
+    return found
+
+
+def integer(obj: Mapping[str, Any], key: str, where: str = "", minimum: int = 0) -> int:
+    found = value(obj, key, where)
+    if isinstance(found, bool) or not isinstance(found, int) or found < minimum:
+        raise FieldError(f"{where}{key} is {shown(found)}, not an integer >= {minimum}")
+    return found
+
+
+def number(obj: Mapping[str, Any], key: str, where: str = "", low: float = -math.inf,
+           high: float = math.inf) -> float:
+    found = value(obj, key, where)
+    if (isinstance(found, bool) or not isinstance(found, (int, float)) or not math.isfinite(found)
+            or not low <= found <= high):
+        bounds = f" in [{low:g}, {high:g}]" if math.isfinite(low) or math.isfinite(high) else ""
+        raise FieldError(f"{where}{key} is {shown(found)}, not a finite number{bounds}")
+    return float(found)
