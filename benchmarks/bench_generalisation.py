@@ -12,7 +12,8 @@
    a target is missed.
 
 Run: .venv/bin/python benchmarks/bench_generalisation.py [--out DIR]
-(about 15 minutes on 2 cores: a defconfig run, then ~140 candidates x 200 questions)
+(about 10 minutes on 2 cores: a defconfig run, then ~130 candidates x 200 questions; `--out outputs`
+after `make run` resumes that run instead)
 """
 
 from __future__ import annotations

@@ -36,7 +36,6 @@ import multiprocessing
 import os
 import statistics
 import sys
-import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -91,11 +90,9 @@ def run_one(base: Path, heldout: Path, out: Path, strategy: str, clusters: int, 
                "INITIAL_DELTAS_PATH": f'"{shared / "initial_deltas.json"}"'}
     config_path = write_config(base, out / "bench.config", symbols)
     config = load_config(config_path)
-    started = time.monotonic()
-    with open(out / "evolve.log", "w", encoding="utf-8") as log, contextlib.redirect_stdout(log), \
+    with open(out / "evolve.log", "a", encoding="utf-8") as log, contextlib.redirect_stdout(log), \
             contextlib.redirect_stderr(log):
         evolve(config)
-        wall = time.monotonic() - started
         curve = anytime_curve(config)
         final = incumbent_at(curve, budget)
         (out / "incumbent.json").write_text(json.dumps(final[2]), encoding="utf-8")
@@ -106,8 +103,7 @@ def run_one(base: Path, heldout: Path, out: Path, strategy: str, clusters: int, 
     summary = json.loads((out / "heldout.json").read_text(encoding="utf-8"))["summary"]
     result = {"strategy": strategy, "clusters": clusters, "seed": seed, "budget": budget,
               "curve": [point[:2] for point in curve], "final_best": final[1], "heldout_tokens": summary["mean_tokens"],
-              "heldout_correctness": summary["correctness"], "reflector_tokens": reflector_tokens(config),
-              "wall_seconds": wall}
+              "heldout_correctness": summary["correctness"], **reflector_tokens_and_wall(config)}
     done.write_text(json.dumps(result), encoding="utf-8")
     return result
 
@@ -152,13 +148,15 @@ def anytime_curve(config: Any) -> list[tuple[int, float, dict[str, float]]]:
         archive.close()
 
 
-def reflector_tokens(config: Any) -> int:
+def reflector_tokens_and_wall(config: Any) -> dict[str, float]:
+    """The run's reflector tokens and its wall time summed over its sessions (a resumed
+    run's included), from its archive."""
     from compressor_2.archive.database import RunArchive
 
     archive = RunArchive.open_read_only(config.output_dir / "run.sqlite")
     try:
         _, prompt, completion = archive.reflector_tokens()
-        return prompt + completion
+        return {"reflector_tokens": prompt + completion, "wall_seconds": float(archive.meta("wall_seconds", "0") or 0)}
     finally:
         archive.close()
 
