@@ -159,19 +159,22 @@ def _run(args: argparse.Namespace) -> int:
     except RunError as exc:
         return _fail(args, exc, 1)
     except KeyboardInterrupt:
-        return _interrupted()
+        return _interrupted(args)
     except BrokenPipeError:
         # The reader went away (`... | head`): not an error worth a message.
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - stays open until exit
         return 0
     except Exception as exc:  # noqa: BLE001 - the one-line promise covers surprises too
         if stopping():
-            return _interrupted()
+            return _interrupted(args, exc)
         return _fail(args, exc, 1, prefix=f"{type(exc).__name__}: ")
     return 0
 
 
-def _interrupted() -> int:
+def _interrupted(args: argparse.Namespace, exc: BaseException | None = None) -> int:
+    """`exc`: what a Ctrl+C turned into where it landed (an import, say)."""
+    if args.debug and exc is not None:
+        print(scrub("".join(traceback.format_exception(exc))), file=sys.stderr, end="")
     print("interrupted", file=sys.stderr)
     return 130
 
