@@ -281,7 +281,15 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"error: unknown strategies {', '.join(unknown)}; choose from {', '.join(STRATEGIES)}", file=sys.stderr)
         return 2
-    counts = [int(c) for c in args.clusters.split(",")]
+    for name, path in (("--config", args.config), ("--heldout", args.heldout)):
+        if not path.is_file():
+            print(f"error: {name} {path} is not a file", file=sys.stderr)
+            return 2
+    try:
+        counts = [int(c) for c in args.clusters.split(",")]
+    except ValueError:
+        print(f"error: --clusters {args.clusters!r} must be comma-separated integers, e.g. 10,40", file=sys.stderr)
+        return 2
     jobs = [(args.config.resolve(), args.heldout.resolve(), args.out.resolve() / f"k{k}-seed{seed}" / strategy,
              strategy, k, seed, args.budget) for k in counts for seed in range(args.seeds) for strategy in strategies]
     print(f"{len(jobs)} runs ({len(strategies)} strategies x {len(counts)} cluster counts x {args.seeds} seeds) at "

@@ -13,7 +13,9 @@ from compressor_2.engines.transformers_engine import TransformersEngine
 from compressor_2.evolution.run import Run, evolve
 from compressor_2.strategies.cmaes import CmaesSampler
 from compressor_2.strategies.random import RandomSampler
-from tests.test_evolution_support import ROWS, config_for, query, read_json, whole_and_resumed
+from tests.test_evolution_support import (
+    ROWS, config_for, interrupted_then_resumed, query, read_json, whole_and_resumed,
+)
 
 RANDOM = {"STRATEGY_RANDOM": "y", "RANDOM_BATCH_SIZE": "4", "RANDOM_BATCHES": "3", "RANDOM_SCALE": '"1.5"'}
 CMAES = {"STRATEGY_CMAES": "y", "CMAES_GENERATIONS": "3", "CMAES_SIGMA": '"0.5"'}
@@ -119,18 +121,9 @@ def test_ctrl_c_inside_a_step_resumes_to_the_uninterrupted_end(tmp_path, shared,
     whole.mkdir()
     cut.mkdir()
     evolve(config_for(whole, shared, tiny_model_dir, **symbols))
-    evaluate = Run.evaluate
-
-    def interrupt(self, genomes, label, examples=None):  # noqa: ANN001, ANN202 - Run.evaluate's signature
-        if label.endswith(" 1"):
-            raise KeyboardInterrupt
-        return evaluate(self, genomes, label, examples)
-
-    monkeypatch.setattr(Run, "evaluate", interrupt)
-    with pytest.raises(KeyboardInterrupt):
-        evolve(config_for(cut, shared, tiny_model_dir, **symbols))
-    monkeypatch.setattr(Run, "evaluate", evaluate)
-    evolve(config_for(cut, shared, tiny_model_dir, **symbols))
+    # Step 1's batch ("batch 1", "generation 1") is being evaluated when Ctrl+C comes.
+    at = (Run, "evaluate", lambda _self, _genomes, label, *_: label.endswith(" 1"))
+    interrupted_then_resumed(cut, shared, tiny_model_dir, symbols, 1, monkeypatch, at)
     assert query(whole / "out", CANDIDATES) == query(cut / "out", CANDIDATES)
     strip = [{k: v for k, v in e.items() if k != "seconds"} for e in read_json(whole / "out" / "history.json")]
     assert strip == [{k: v for k, v in e.items() if k != "seconds"}

@@ -4,6 +4,7 @@ FinanceBench shape and a `.config` for the tiny model, its clusters built once p
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from compressor_2.config import Config, load_config
@@ -81,25 +82,27 @@ def whole_and_resumed(tmp_path: Path, shared: Path, model_dir: Path, symbols: di
 
 
 def interrupted_then_resumed(work: Path, shared: Path, model_dir: Path, symbols: dict[str, str], step: int,
-                             monkeypatch) -> None:
-    """A run with `symbols` in `work` that Ctrl+C stops inside step `step` (a local
-    mutation call raises KeyboardInterrupt there), then the same command rerun to its end."""
+                             monkeypatch, at: tuple[object, str, Callable[..., bool]] | None = None) -> None:
+    """A run with `symbols` in `work` that Ctrl+C stops inside step `step`, then the same
+    command rerun to its end. The interrupt is raised by a local mutation call of that
+    step, or by the call `at` names: (class, method, whether these arguments interrupt)."""
     import pytest
 
     from compressor_2.evolution.run import evolve
     from compressor_2.reflector.local import LocalProposer
 
-    original = LocalProposer.mutation
+    owner, name, fires = at or (LocalProposer, "mutation", lambda _self, request, *_: request.generation == step)
+    original = getattr(owner, name)
 
-    def interrupt(self, request, messages, attempt):  # noqa: ANN001, ANN202 - the proposer's signature
-        if request.generation == step:
+    def interrupt(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - the patched method's signature
+        if fires(*args, **kwargs):
             raise KeyboardInterrupt
-        return original(self, request, messages, attempt)
+        return original(*args, **kwargs)
 
-    monkeypatch.setattr(LocalProposer, "mutation", interrupt)
+    monkeypatch.setattr(owner, name, interrupt)
     with pytest.raises(KeyboardInterrupt):
         evolve(config_for(work, shared, model_dir, **symbols))
-    monkeypatch.setattr(LocalProposer, "mutation", original)
+    monkeypatch.setattr(owner, name, original)
     evolve(config_for(work, shared, model_dir, **symbols))
 
 
