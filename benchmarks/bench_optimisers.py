@@ -77,7 +77,7 @@ def run_one(base: Path, heldout: Path, out: Path, strategy: str, clusters: int, 
     """One `evolve` to the budget, then its curve and the best's held-out quality."""
     from compressor_2.cli import main as cli
     from compressor_2.config import load_config
-    from compressor_2.evolution.run import evolve
+    from compressor_2.evolve import evolve
 
     done = out / "result.json"
     if done.exists():
@@ -118,11 +118,11 @@ def anytime_curve(config: Any) -> list[tuple[int, float, dict[str, float]]]:
     from compressor_2.archive.database import RunArchive
     from compressor_2.clusters.build import build_clusters
     from compressor_2.data.financebench import examples_from_config
+    from compressor_2.deltas import to_list
     from compressor_2.engines.registry import LazyEngine
-    from compressor_2.evolution.run import answer_settings
+    from compressor_2.evolve import answer_settings
     from compressor_2.fitness import Evaluator, answer_context
     from compressor_2.judges.registry import make_judge
-    from compressor_2.steering.deltas import to_list
 
     archive = RunArchive.open(config.output_dir / "run.sqlite")
     try:

@@ -92,7 +92,7 @@ def _evaluate(config: Config, args: argparse.Namespace) -> None:
 
 def _evolve(config: Config, args: argparse.Namespace) -> None:
     del args
-    from compressor_2.evolution.run import evolve
+    from compressor_2.evolve import evolve
 
     evolve(config)
 

@@ -1,14 +1,31 @@
-"""A start-up check that an API endpoint accepts connections, before any model loads: a
+"""Where this project's peers live: the loopback rule (an SGLang server runs code sent in
+requests, so it must be reached by this machine alone unless the config says otherwise),
+and a start-up check that an API endpoint accepts connections, before any model loads: a
 closed port or an unknown host is one line at once, not a run whose every call fails."""
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 from urllib.parse import urlsplit
 
 from compressor_2.errors import ConfigError, RunError
 
 CONNECT_TIMEOUT = 5.0
+TUNNEL_HINT = ("reach a server on another machine through an SSH tunnel (ssh -N -L 30001:127.0.0.1:30000 HOST, "
+               "then http://127.0.0.1:30001)")
+
+
+def is_loopback(host: str) -> bool:
+    """localhost, 127.0.0.0/8 or ::1 (brackets allowed): the only addresses where a server that runs
+    code sent in requests is reached by this machine alone."""
+    host = host.strip().removeprefix("[").removesuffix("]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def check_reachable(url: str, who: str, symbol: str) -> None:

@@ -15,10 +15,9 @@ from tqdm import tqdm
 from compressor_2.atomic import atomic_write_json, why_unwritable
 from compressor_2.config import Config
 from compressor_2.data.example import Example
+from compressor_2.deltas import canonical_ids, check_fingerprint, load_deltas, to_dict, to_list
 from compressor_2.errors import ConfigError
 from compressor_2.fitness import Evaluation, Evaluator
-from compressor_2.steering.deltas import canonical_ids, check_fingerprint, load_deltas, to_dict, to_list
-
 
 
 def run_evaluate(config: Config, deltas_path: Path | None, indices: str | None,
@@ -27,8 +26,8 @@ def run_evaluate(config: Config, deltas_path: Path | None, indices: str | None,
     from compressor_2.clusters.clusterset import cluster_map_digest
     from compressor_2.data.financebench import examples_from_config
     from compressor_2.engines.registry import make_engine
-    from compressor_2.evolution.run import check_output_dir
     from compressor_2.judges.registry import make_judge
+    from compressor_2.run_directory import check_output_dir
 
     # Every input is checked before the model loads: a typo should cost seconds.
     if out is None:
@@ -62,7 +61,7 @@ def run_evaluate(config: Config, deltas_path: Path | None, indices: str | None,
 def check_out(config: Config, out: Path) -> None:
     """`--out` can be written, and is not one of a run's own files (an evaluation written
     over evolution_state.json would lose the run)."""
-    from compressor_2.evolution.run import is_run_directory, owned_files
+    from compressor_2.run_directory import is_run_directory, owned_files
 
     if out.is_dir():
         raise ConfigError(f"evaluate --out '{out}' is a directory: name the JSON file to write")

@@ -3,7 +3,7 @@
 Without an id: the run summary (strategy, candidates, metric calls, cache hits,
 reflector tokens, wall time, status and stop reason, best) and the best candidate's
 lineage, one line per ancestor. With an id: that candidate, its parents and children,
-the the generations that selected it (seed 002's LLM selection) and why, the reflector
+the generations that selected it (seed 002's LLM selection) and why, the reflector
 calls about it, and its answers on the training pool next to the
 unsteered baseline's (the all-zero genome when the run evaluated it, else the run's
 initial deltas).

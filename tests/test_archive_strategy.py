@@ -13,15 +13,24 @@ import pytest
 
 from compressor_2.cli import main
 from compressor_2.clusters.build import build_clusters
-from compressor_2.evolution.archive_ops import (
-    feedback_scope, issues_of, midpoint_of, parent_weights, sample_issues, sample_parents,
-)
-from compressor_2.evolution.run import evolve
+from compressor_2.evolve import evolve
 from compressor_2.fitness import Record
 from compressor_2.reflector.base import Reply, Usage
 from compressor_2.reflector.local import LocalProposer
+from compressor_2.strategies.archive_ops import (
+    feedback_scope,
+    issues_of,
+    midpoint_of,
+    parent_weights,
+    sample_issues,
+    sample_parents,
+)
 from tests.test_evolution_support import (
-    config_for, interrupted_then_resumed, query, read_json, whole_and_resumed,
+    config_for,
+    interrupted_then_resumed,
+    query,
+    read_json,
+    whole_and_resumed,
 )
 
 ARCHIVE = {"STRATEGY_ARCHIVE": "y", "ARCHIVE_ITERATIONS": "3"}

@@ -10,11 +10,17 @@ import pytest
 from deap import cma
 
 from compressor_2.engines.transformers_engine import TransformersEngine
-from compressor_2.evolution.run import Run, evolve
+from compressor_2.evolve import evolve
+from compressor_2.run.services import Run
 from compressor_2.strategies.cmaes import CmaesSampler
 from compressor_2.strategies.random import RandomSampler
 from tests.test_evolution_support import (
-    ROWS, config_for, interrupted_then_resumed, query, read_json, whole_and_resumed,
+    ROWS,
+    config_for,
+    interrupted_then_resumed,
+    query,
+    read_json,
+    whole_and_resumed,
 )
 
 RANDOM = {"STRATEGY_RANDOM": "y", "RANDOM_BATCH_SIZE": "4", "RANDOM_BATCHES": "3", "RANDOM_SCALE": '"1.5"'}

@@ -70,7 +70,7 @@ def whole_and_resumed(tmp_path: Path, shared: Path, model_dir: Path, symbols: di
     """The output dirs of one run with `symbols` made at once, and of the same run made in
     two legs: first with `first_leg` overriding `symbols` (fewer steps, a smaller budget),
     then resumed with `symbols`."""
-    from compressor_2.evolution.run import evolve
+    from compressor_2.evolve import evolve
 
     whole, split = tmp_path / "whole", tmp_path / "split"
     whole.mkdir()
@@ -88,7 +88,7 @@ def interrupted_then_resumed(work: Path, shared: Path, model_dir: Path, symbols:
     step, or by the call `at` names: (class, method, whether these arguments interrupt)."""
     import pytest
 
-    from compressor_2.evolution.run import evolve
+    from compressor_2.evolve import evolve
     from compressor_2.reflector.local import LocalProposer
 
     owner, name, fires = at or (LocalProposer, "mutation", lambda _self, request, *_: request.generation == step)
@@ -121,7 +121,7 @@ def read_json(path: Path):
 def default_run(tmp_path_factory, shared: Path, model_dir: Path) -> Path:
     """The output dir of one uninterrupted 4-generation run with GA_DEFAULTS, made once per
     session and shared by the test modules (which only read it)."""
-    from compressor_2.evolution.run import evolve
+    from compressor_2.evolve import evolve
 
     work = tmp_path_factory.getbasetemp() / "default_run"
     if not (work / "done").exists():

@@ -36,7 +36,7 @@ import pytest
 
 from compressor_2.clusters.build import build_clusters
 from compressor_2.config import load_config
-from compressor_2.evolution.run import evolve
+from compressor_2.evolve import evolve
 from tests.conftest import REPO
 from tests.test_evolution_support import DEFAULT_NGEN, config_for, default_run, shared_dir, write_config
 

@@ -11,13 +11,26 @@ import pytest
 
 from compressor_2.cli import main
 from compressor_2.errors import ConfigError
-from compressor_2.evolution.pareto import (
-    EpochSampler, find_merge_triplet, has_desirable_component, is_dominated, merge_accepted, merge_components,
-    mutation_accepted, pareto_front, remove_dominated, select_from_front, stratified_subsample,
+from compressor_2.evolve import evolve
+from compressor_2.strategies.gepa_pareto import (
+    EpochSampler,
+    find_merge_triplet,
+    has_desirable_component,
+    is_dominated,
+    merge_accepted,
+    merge_components,
+    mutation_accepted,
+    pareto_front,
+    remove_dominated,
+    select_from_front,
+    stratified_subsample,
 )
-from compressor_2.evolution.run import evolve
 from tests.test_evolution_support import (
-    config_for, interrupted_then_resumed, query, read_json, whole_and_resumed,
+    config_for,
+    interrupted_then_resumed,
+    query,
+    read_json,
+    whole_and_resumed,
 )
 
 # Three candidates on four examples: 1 leads a, 2 leads b, 3 ties 2 on c and leads d.
@@ -185,7 +198,7 @@ def test_gepa_needs_a_metric_call_budget(tmp_path, shared, tiny_model_dir):
 
 def test_the_tree_marks_a_merges_ancestor(tmp_path):
     from compressor_2.archive.database import Candidate, RunArchive
-    from compressor_2.evolution.tree import EvolutionTree
+    from compressor_2.run.tree import EvolutionTree
 
     archive = RunArchive.open(tmp_path / "run.sqlite")
     made = archive.add([Candidate({"0": x}, "", op, parents, "gepa", g, fitness=0.5)

@@ -19,11 +19,10 @@ import pytest
 
 from compressor_2.config import load_config
 from compressor_2.errors import ConfigError
-from compressor_2.evolution.run import evolve
-from compressor_2.evolution.state import (
-    EvolutionState, Member, capture_rng, load_state, restore_rng, save_state, seed_rng,
-)
+from compressor_2.evolve import evolve
 from compressor_2.reflector.local import LocalProposer
+from compressor_2.run.state import Member, capture_rng, restore_rng, seed_rng
+from compressor_2.strategies.ga_state import EvolutionState, load_state, save_state
 from tests.conftest import REPO
 from tests.test_evolution_support import config_for, read_json, write_config
 

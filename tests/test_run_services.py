@@ -13,7 +13,7 @@ import pytest
 
 from compressor_2.cli import main
 from compressor_2.errors import ConfigError
-from compressor_2.evolution.run import evolve
+from compressor_2.evolve import evolve
 from compressor_2.reflector.local import LocalProposer
 from tests.conftest import REPO
 from tests.fakes.openai_server import FakeOpenAIServer, chat_completion

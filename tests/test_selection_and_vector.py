@@ -12,17 +12,23 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from compressor_2.evolution.individual import _apply_vector, new_individual
-from compressor_2.evolution.operators import append_summary
-from compressor_2.evolution.run import evolve
+from compressor_2.evolve import evolve
 from compressor_2.fitness import Evaluation, Record
 from compressor_2.reflector.base import PopulationMember, Reply, SelectionRequest, Usage, VectorRequest
 from compressor_2.reflector.local import VECTOR_MOVES, LocalProposer
 from compressor_2.reflector.prompts import (
-    SELECTION_SCHEMA, SELECTION_SYSTEM, SELECTION_USER, VECTOR_SYSTEM, VECTOR_USER, selection_messages,
-    vector_messages, vector_schema,
+    SELECTION_SCHEMA,
+    SELECTION_SYSTEM,
+    SELECTION_USER,
+    VECTOR_SYSTEM,
+    VECTOR_USER,
+    selection_messages,
+    vector_messages,
+    vector_schema,
 )
 from compressor_2.reflector.validation import InvalidOutput, ValidatingReflector, parse_selection, parse_vector
+from compressor_2.strategies.ga_individual import _apply_vector, new_individual
+from compressor_2.strategies.operators import append_summary
 from tests.conftest import REPO
 from tests.fakes.openai_server import FakeOpenAIServer, chat_completion
 from tests.test_evolution_support import config_for, read_json, whole_and_resumed

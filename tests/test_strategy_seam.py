@@ -10,13 +10,13 @@ import types
 
 import pytest
 
-import compressor_2.config as config_module
+import compressor_2.config.kconfig as config_module
 from compressor_2.archive.database import Candidate
 from compressor_2.config import load_config
-from compressor_2.evolution.budget import Cost
-from compressor_2.evolution.run import evolve
-from compressor_2.evolution.state import Member
-from compressor_2.steering.deltas import to_dict
+from compressor_2.deltas import to_dict
+from compressor_2.evolve import evolve
+from compressor_2.run.budget import Cost
+from compressor_2.run.state import Member
 from tests.test_evolution_support import shared_dir, write_config
 
 pytestmark = pytest.mark.slow
@@ -40,7 +40,7 @@ def probe_module() -> types.ModuleType:
         run.best.consider([(Member(made[0].deltas, "", made[0].id), whole)])
         return run.stop_reason() or "probed"
 
-    module.estimate, module.run = estimate, run
+    module.estimate, module.run, module.OUTPUT_FILES = estimate, run, ()
     return module
 
 

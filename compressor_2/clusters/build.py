@@ -39,8 +39,8 @@ from compressor_2.clusters.embed import MAX_PIECES, embed_texts
 from compressor_2.clusters.special import RULES_VERSION, number_token_ids, strip_markers
 from compressor_2.clusters.vocab import Vocabulary, load_vocabulary, tokenizer_files_digest
 from compressor_2.config import Config
+from compressor_2.deltas import load_deltas
 from compressor_2.errors import ConfigError, RunError
-from compressor_2.steering.deltas import load_deltas
 
 __all__ = ["ClusterSet", "build_clusters"]
 

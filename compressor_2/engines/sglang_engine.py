@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from compressor_2.config.sglang import check_addresses
 from compressor_2.engines.base import Generation, GenerationRequest, Progress
 from compressor_2.engines.chat import encode_prompt
-from compressor_2.engines.sglang_server import SGLangServer, check_addresses
+from compressor_2.engines.sglang_server import SGLangServer
 from compressor_2.errors import ConfigError, RunError
 from compressor_2.steering.processor import custom_params, processor_spec
 

@@ -5,13 +5,12 @@ One server serves the whole run (each request carries its own deltas), so it is
 started once and restarted only when it crashed. The server runs `dill.loads` on a
 request field while `--enable-custom-logit-processor` is on, so every server this
 project talks to, launched or attached, must be on a loopback address unless the
-config explicitly allows remote access (`check_addresses`).
+config explicitly allows remote access (`config.sglang.check_addresses`).
 """
 
 from __future__ import annotations
 
 import atexit
-import ipaddress
 import logging
 import os
 import shlex
@@ -21,97 +20,18 @@ import subprocess
 import time
 from collections import deque
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import httpx
 
 from compressor_2.config import Config
+from compressor_2.config.sglang import bind_host, launch_command, option
 from compressor_2.errors import ConfigError, RunError
 
 logger = logging.getLogger(__name__)
 
 LOG_NAME = "sglang_server.log"
 LOG_TAIL_LINES = 30
-CUSTOM_PROCESSOR_FLAG = "--enable-custom-logit-processor"
-_LOOPBACK = "127.0.0.1"
 _WILDCARDS = {"0.0.0.0": "127.0.0.1", "::": "::1"}  # a server bound to all interfaces: its loopback
-TUNNEL_HINT = ("reach a server on another machine through an SSH tunnel (ssh -N -L 30001:127.0.0.1:30000 HOST, "
-               "then http://127.0.0.1:30001)")
-
-
-def is_loopback(host: str) -> bool:
-    """localhost, 127.0.0.0/8 or ::1 (brackets allowed): the only addresses where a server that runs
-    code sent in requests is reached by this machine alone."""
-    host = host.strip().removeprefix("[").removesuffix("]")
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_addresses(config: Config) -> None:
-    """The one loopback rule, for launched and attached servers alike, checked before anything
-    starts: a launched server's --host, or every CONFIG_SGLANG_URLS host, must be loopback
-    unless CONFIG_SGLANG_ALLOW_REMOTE=y."""
-    if not config.sglang_urls:
-        launch_command(config)
-        return
-    for url in config.sglang_urls:
-        if not (config.sglang_allow_remote or is_loopback(urlsplit(url).hostname or "")):
-            raise ConfigError(
-                f"CONFIG_SGLANG_URLS has {url}, which is not a loopback address (anyone who reaches the "
-                f"server can run code on it): {TUNNEL_HINT}, or set CONFIG_SGLANG_ALLOW_REMOTE=y if every "
-                "peer on that network is trusted")
-
-
-def _option(command: list[str], flag: str) -> str | None:
-    """The value of `flag` in `command` (`--flag v` or `--flag=v`), None when absent."""
-    for i, arg in enumerate(command):
-        if arg == flag:
-            return command[i + 1] if i + 1 < len(command) else ""
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
-
-
-def bind_host(config: Config) -> str:
-    return "0.0.0.0" if config.sglang_allow_remote else _LOOPBACK
-
-
-def launch_command(config: Config) -> list[str]:
-    """CONFIG_SGLANG_COMMAND plus the flags this project relies on, each added only when
-    missing; a command that contradicts the config is refused rather than half-obeyed."""
-    try:
-        command = shlex.split(config.sglang_command)
-    except ValueError as exc:
-        raise ConfigError(
-            f"CONFIG_SGLANG_COMMAND={config.sglang_command!r} cannot be parsed: {exc}") from None
-    if not command:
-        raise ConfigError("CONFIG_SGLANG_COMMAND is empty")
-
-    port = _option(command, "--port")
-    if port is None:
-        command += ["--port", str(config.sglang_port)]
-    elif port != str(config.sglang_port):
-        raise ConfigError(
-            f"CONFIG_SGLANG_COMMAND has --port {port} but CONFIG_SGLANG_PORT={config.sglang_port}: "
-            "set the port in CONFIG_SGLANG_PORT only"
-        )
-    host = _option(command, "--host")
-    if host is None:
-        command += ["--host", bind_host(config)]
-    elif not (config.sglang_allow_remote or is_loopback(host)):
-        raise ConfigError(
-            f"CONFIG_SGLANG_COMMAND has --host {host}, which exposes the server (it runs code sent "
-            "in requests); remove it, or set CONFIG_SGLANG_ALLOW_REMOTE=y if you really mean it"
-        )
-    if _option(command, "--model-path") is None:
-        command += ["--model-path", config.model_path]
-    if CUSTOM_PROCESSOR_FLAG not in command:
-        command.append(CUSTOM_PROCESSOR_FLAG)
-    return command
 
 
 def client_url(host: str, port: int) -> str:
@@ -156,7 +76,7 @@ class SGLangServer:
 
     def __init__(self, config: Config) -> None:
         self.command = launch_command(config)
-        self.host = _option(self.command, "--host") or bind_host(config)
+        self.host = option(self.command, "--host") or bind_host(config)
         self.port = config.sglang_port
         self.url = client_url(self.host, config.sglang_port)
         self.log_path = config.output_dir / LOG_NAME

@@ -1,6 +1,6 @@
 """The offline, deterministic judge: compare the figures (or the yes/no) of answer and gold.
 
-Rules, in order (README section `judge` has them in full, with calibration figures):
+Rules, in order (docs/judges.md has them in full, with calibration figures):
 1. A refusal ("I cannot determine...", "please provide the figures") is incorrect.
 2. A gold that starts with yes/no: the answer's leading or plainly stated yes/no,
    else the polarity of a first sentence that restates the question.

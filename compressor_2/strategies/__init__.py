@@ -1,12 +1,16 @@
-"""Evolution strategies: one module each, chosen by CONFIG_STRATEGY (a Kconfig choice whose
-entry `STRATEGY_<NAME>` selects `compressor_2/strategies/<name>.py`).
+"""Evolution strategies: one loop each, chosen by CONFIG_STRATEGY (a Kconfig choice whose
+entry `STRATEGY_<NAME>` selects `compressor_2/strategies/<name>.py`). A strategy's private
+arithmetic stands beside its loop (`ga_*.py`, `gepa_pareto.py`, `archive_ops.py`;
+`search.py` is the loop random and CMA-ES share); `operators.py` holds what several use.
 
-A strategy module provides two functions:
+A strategy module provides:
 - `estimate(config, n_examples) -> Cost`: what its start and each step cost, before any
   work, for the budget warning;
-- `run(run) -> str`: evolves with the shared services of `evolution.run.Run` (archive,
+- `run(run) -> str`: evolves with the shared services of `run.services.Run` (archive,
   evaluator, reflector, budget, best-ever, outputs), resuming from its own state when
-  there is one, and returns why it stopped.
+  there is one, and returns why it stopped;
+- `OUTPUT_FILES`: the names it writes in the run directory besides the shared services'
+  files, which other commands must not write over.
 Adding a strategy is adding a module and a Kconfig entry.
 """
 
@@ -15,18 +19,26 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Protocol, cast
 
+from compressor_2.config.kconfig import choice_names
 from compressor_2.errors import ConfigError
 
 if TYPE_CHECKING:
     from compressor_2.config import Config
-    from compressor_2.evolution.budget import Cost
-    from compressor_2.evolution.run import Run
+    from compressor_2.run.budget import Cost
+    from compressor_2.run.services import Run
 
 
 class Strategy(Protocol):
+    OUTPUT_FILES: tuple[str, ...]
+
     def estimate(self, config: Config, n_examples: int) -> Cost: ...
 
     def run(self, run: Run) -> str: ...
+
+
+def strategy_names() -> tuple[str, ...]:
+    """Every strategy Kconfig offers (the entries of the STRATEGY_ choice)."""
+    return choice_names("STRATEGY_")
 
 
 def load_strategy(name: str) -> Strategy:

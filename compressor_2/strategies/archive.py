@@ -34,22 +34,29 @@ from compressor_2.archive.database import Candidate, genome_key
 from compressor_2.archive.lineage import Lineage
 from compressor_2.atomic import atomic_write_json, atomic_write_text
 from compressor_2.config import ArchiveOptions, Config
+from compressor_2.deltas import load_deltas, to_list
 from compressor_2.errors import ConfigError
-from compressor_2.evolution.archive_ops import (
-    PADDED_RATIO, Issue, feedback_scope, issues_of, midpoint_of, parent_weights, sample_issues, sample_parents,
-)
-from compressor_2.evolution.budget import Cost
-from compressor_2.evolution.history import HISTORY_FILE, load_history, save_history
-from compressor_2.evolution.operators import append_summary, weighted_average
-from compressor_2.evolution.plots import FITNESS_PLOT, LENGTHS_PLOT, plot_archive, plot_fitness, plot_lengths
-from compressor_2.evolution.progress import say
-from compressor_2.evolution.run import Run, resume_command
-from compressor_2.evolution.state import Member, capture_rng_of, load_strategy_state, restore_rng
-from compressor_2.evolution.tree import TREE_FILE, EvolutionTree, cand_id
 from compressor_2.fitness import Evaluation, Record
 from compressor_2.reflector.base import MergeRequest, MutationRequest, VectorRequest
 from compressor_2.reflector.prompts import estimated_call_tokens
-from compressor_2.steering.deltas import load_deltas, to_list
+from compressor_2.run.budget import Cost
+from compressor_2.run.history import HISTORY_FILE, load_history, save_history
+from compressor_2.run.plots import FITNESS_PLOT, LENGTHS_PLOT, plot_archive, plot_fitness, plot_lengths
+from compressor_2.run.progress import say
+from compressor_2.run.services import Run, resume_command
+from compressor_2.run.state import Member, capture_rng_of, load_strategy_state, restore_rng
+from compressor_2.run.tree import TREE_FILE, EvolutionTree, cand_id
+from compressor_2.strategies.archive_ops import (
+    PADDED_RATIO,
+    Issue,
+    feedback_scope,
+    issues_of,
+    midpoint_of,
+    parent_weights,
+    sample_issues,
+    sample_parents,
+)
+from compressor_2.strategies.operators import append_summary, weighted_average
 
 NAME = "archive"
 STATE_FILE = "archive_state.json"
@@ -58,6 +65,8 @@ PROGRESS_PLOT = "archive_progress.png"
 TREE_PLOT = "evolution_tree.png"
 EOS_CLUSTER, NUMBERS_CLUSTER = "0", "1"
 SEED_STEP = -1  # the seed candidate is placed before iteration 0
+# What it writes in the run directory besides the shared services' files.
+OUTPUT_FILES = (STATE_FILE, SNAPSHOTS_FILE, PROGRESS_PLOT, TREE_PLOT)
 
 
 def estimate(config: Config, n_examples: int) -> Cost:

@@ -17,15 +17,17 @@ import numpy as np
 from deap import cma
 
 from compressor_2.config import CmaesOptions, Config
+from compressor_2.deltas import load_deltas, to_list
 from compressor_2.errors import ConfigError
-from compressor_2.evolution.budget import Cost
-from compressor_2.evolution.individual import new_individual
-from compressor_2.evolution.run import Run
-from compressor_2.evolution.search import search
-from compressor_2.steering.deltas import load_deltas, to_list
+from compressor_2.run.budget import Cost
+from compressor_2.run.services import Run
+from compressor_2.strategies.ga_individual import new_individual
+from compressor_2.strategies.search import TREE_PLOT, search
 
 NAME = "cmaes"
 STATE_FILE = "cmaes_state.json"
+# What it writes in the run directory besides the shared services' files.
+OUTPUT_FILES = (STATE_FILE, TREE_PLOT)
 # What `deap.cma.Strategy.update` changes; the rest follows from the dimension and lambda,
 # and the eigendecomposition from C.
 _ARRAYS = ("centroid", "pc", "ps", "C")

@@ -33,34 +33,33 @@ from deap import base, tools
 
 from compressor_2.archive.database import Candidate
 from compressor_2.config import Config
+from compressor_2.deltas import load_deltas, to_dict, to_list
 from compressor_2.errors import ReflectorUnavailable
-from compressor_2.evolution.budget import Cost
-from compressor_2.evolution.history import HISTORY_FILE, Work, entry, load_history, population_stats, save_history
-from compressor_2.evolution.individual import Individual, initial_population, invalidate, make_toolbox, new_individual
-from compressor_2.evolution.operators import RRState, make_fallback, make_selection, pairs
-from compressor_2.evolution.plots import FITNESS_PLOT, LENGTHS_PLOT, plot_fitness, plot_lengths
-from compressor_2.evolution.progress import answers_bar, generation_line, ordinal, say
-from compressor_2.evolution.run import Run, resume_command
-from compressor_2.evolution.state import (
-    STATE_FILE,
-    EvolutionState,
-    Member,
-    capture_rng,
-    check_against_archive,
-    load_state,
-    restore_rng,
-    save_state,
-    seed_rng,
-)
-from compressor_2.evolution.tree import TREE_FILE, EvolutionTree, mut_id, pop_id, pre_id
 from compressor_2.interrupts import signals_ignored
 from compressor_2.reflector.base import PopulationMember, Selected, SelectionRequest
 from compressor_2.reflector.prompts import estimated_call_tokens
-from compressor_2.steering.deltas import load_deltas, to_dict, to_list
+from compressor_2.run.budget import Cost
+from compressor_2.run.history import HISTORY_FILE, Work, entry, load_history, population_stats, save_history
+from compressor_2.run.plots import FITNESS_PLOT, LENGTHS_PLOT, plot_fitness, plot_lengths
+from compressor_2.run.progress import answers_bar, generation_line, ordinal, say
+from compressor_2.run.services import Run, resume_command
+from compressor_2.run.state import Member, capture_rng, restore_rng, seed_rng
+from compressor_2.run.tree import TREE_FILE, EvolutionTree, mut_id, pop_id, pre_id
+from compressor_2.strategies.ga_individual import (
+    Individual,
+    initial_population,
+    invalidate,
+    make_toolbox,
+    new_individual,
+)
+from compressor_2.strategies.ga_operators import RRState, make_fallback, make_selection, pairs
+from compressor_2.strategies.ga_state import STATE_FILE, EvolutionState, check_against_archive, load_state, save_state
 
 NAME = "ga"
 TREE_PLOT = "evolution_tree.png"
 INITIAL_STEP = -1  # the initial population is placed before generation 0
+# What it writes in the run directory besides the shared services' files.
+OUTPUT_FILES = (STATE_FILE, TREE_PLOT)
 
 
 def estimate(config: Config, n_examples: int) -> Cost:

@@ -32,23 +32,30 @@ from compressor_2.archive.database import Candidate
 from compressor_2.atomic import atomic_write_json
 from compressor_2.config import Config, GepaOptions
 from compressor_2.data.example import Example
+from compressor_2.deltas import load_deltas, to_list
 from compressor_2.errors import ConfigError
-from compressor_2.evolution.budget import Cost
-from compressor_2.evolution.history import HISTORY_FILE, load_history, save_history
-from compressor_2.evolution.operators import append_summary
-from compressor_2.evolution.pareto import (
-    EpochSampler, find_merge_triplet, merge_accepted, merge_components, mutation_accepted, pareto_front,
-    remove_dominated, select_from_front, stratified_subsample,
-)
-from compressor_2.evolution.plots import FITNESS_PLOT, LENGTHS_PLOT, plot_archive, plot_fitness, plot_lengths
-from compressor_2.evolution.progress import say
-from compressor_2.evolution.run import Run, resume_command
-from compressor_2.evolution.state import Member, capture_rng_of, load_strategy_state, restore_rng
-from compressor_2.evolution.tree import TREE_FILE, EvolutionTree, cand_id
 from compressor_2.fitness import Evaluation
 from compressor_2.reflector.base import MutationRequest, VectorRequest
 from compressor_2.reflector.prompts import estimated_call_tokens
-from compressor_2.steering.deltas import load_deltas, to_list
+from compressor_2.run.budget import Cost
+from compressor_2.run.history import HISTORY_FILE, load_history, save_history
+from compressor_2.run.plots import FITNESS_PLOT, LENGTHS_PLOT, plot_archive, plot_fitness, plot_lengths
+from compressor_2.run.progress import say
+from compressor_2.run.services import Run, resume_command
+from compressor_2.run.state import Member, capture_rng_of, load_strategy_state, restore_rng
+from compressor_2.run.tree import TREE_FILE, EvolutionTree, cand_id
+from compressor_2.strategies.gepa_pareto import (
+    EpochSampler,
+    find_merge_triplet,
+    merge_accepted,
+    merge_components,
+    mutation_accepted,
+    pareto_front,
+    remove_dominated,
+    select_from_front,
+    stratified_subsample,
+)
+from compressor_2.strategies.operators import append_summary
 
 NAME = "gepa"
 STATE_FILE = "gepa_state.json"
@@ -56,6 +63,8 @@ FRONT_FILE = "pareto_front.json"
 PROGRESS_PLOT = "gepa_progress.png"
 TREE_PLOT = "evolution_tree.png"
 SEED_STEP = -1
+# What it writes in the run directory besides the shared services' files.
+OUTPUT_FILES = (STATE_FILE, FRONT_FILE, PROGRESS_PLOT, TREE_PLOT)
 
 
 def estimate(config: Config, n_examples: int) -> Cost:

@@ -3,7 +3,7 @@
 Each step draws a batch of i.i.d. delta vectors around the initial deltas: every delta
 is the initial one plus a normal (standard deviation CONFIG_RANDOM_SCALE) or uniform
 (on +/- CONFIG_RANDOM_SCALE) draw. Nothing is learnt from the fitness; the loop, the
-archive, the budgets and resume are `evolution.search`'s.
+archive, the budgets and resume are those of `search.py`.
 """
 
 from __future__ import annotations
@@ -15,14 +15,16 @@ from typing import Any
 import numpy as np
 
 from compressor_2.config import Config, RandomOptions
+from compressor_2.deltas import load_deltas, to_list
 from compressor_2.errors import ConfigError
-from compressor_2.evolution.budget import Cost
-from compressor_2.evolution.run import Run
-from compressor_2.evolution.search import search
-from compressor_2.steering.deltas import load_deltas, to_list
+from compressor_2.run.budget import Cost
+from compressor_2.run.services import Run
+from compressor_2.strategies.search import TREE_PLOT, search
 
 NAME = "random"
 STATE_FILE = "random_state.json"
+# What it writes in the run directory besides the shared services' files.
+OUTPUT_FILES = (STATE_FILE, TREE_PLOT)
 
 
 def estimate(config: Config, n_examples: int) -> Cost:

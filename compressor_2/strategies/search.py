@@ -22,14 +22,14 @@ from typing import Any, Protocol
 
 from compressor_2.archive.database import Candidate
 from compressor_2.atomic import atomic_write_json
-from compressor_2.evolution.history import HISTORY_FILE, load_history, save_history
-from compressor_2.evolution.plots import FITNESS_PLOT, LENGTHS_PLOT, plot_fitness, plot_lengths
-from compressor_2.evolution.progress import say
-from compressor_2.evolution.run import Run, resume_command
-from compressor_2.evolution.state import Member, capture_rng, load_strategy_state, restore_rng, seed_rng
-from compressor_2.evolution.tree import TREE_FILE, EvolutionTree, cand_id
+from compressor_2.deltas import load_deltas, to_dict, to_list
 from compressor_2.fitness import Evaluation
-from compressor_2.steering.deltas import load_deltas, to_dict, to_list
+from compressor_2.run.history import HISTORY_FILE, load_history, save_history
+from compressor_2.run.plots import FITNESS_PLOT, LENGTHS_PLOT, plot_fitness, plot_lengths
+from compressor_2.run.progress import say
+from compressor_2.run.services import Run, resume_command
+from compressor_2.run.state import Member, capture_rng, load_strategy_state, restore_rng, seed_rng
+from compressor_2.run.tree import TREE_FILE, EvolutionTree, cand_id
 
 TREE_PLOT = "evolution_tree.png"
 SEED_STEP = -1

@@ -25,7 +25,7 @@ from matplotlib.lines import Line2D
 
 from compressor_2.archive.database import RunArchive
 from compressor_2.atomic import atomic_write_json
-from compressor_2.evolution.plots import plt, save_figure
+from compressor_2.run.plots import plt, save_figure
 
 TREE_FILE = "tree.json"
 STAGE_X = {"pop": 0, "pre": 1, "mut": 2, "cand": 1}

@@ -27,21 +27,15 @@ import numpy as np
 
 from compressor_2.atomic import atomic_write_json
 from compressor_2.errors import ConfigError
-from compressor_2.evolution import fields
-from compressor_2.evolution.fields import FieldError
-from compressor_2.steering.deltas import Deltas, validate_deltas
+from compressor_2.run import fields
+from compressor_2.run.fields import FieldError
+from compressor_2.run.state import FRESH_START_HINT, Member, restore_rng
+from compressor_2.deltas import validate_deltas
 
 if TYPE_CHECKING:
     from compressor_2.archive.database import RunArchive
 
 STATE_FILE = "evolution_state.json"
-
-
-@dataclass(frozen=True)
-class Member:
-    deltas: Deltas
-    scratchpad: str
-    candidate_id: int
 
 
 @dataclass(frozen=True)
@@ -53,26 +47,6 @@ class EvolutionState:
     rr_idx: int
     rng: dict[str, Any]
     last_candidate_id: int
-
-
-def seed_rng(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-
-
-def capture_rng() -> dict[str, Any]:
-    version, internal, gauss = random.getstate()
-    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    return {"random": [version, list(internal), gauss],
-            "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]}
-
-
-def restore_rng(rng: dict[str, Any], into: tuple[Any, Any] = (random, np.random)) -> None:
-    """Sets the global RNGs, or the (random.Random, np.random.RandomState) pair `into`."""
-    version, internal, gauss = rng["random"]
-    into[0].setstate((version, tuple(internal), gauss))
-    name, keys, pos, has_gauss, cached = rng["numpy"]
-    into[1].set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
 
 
 def _member_json(member: Member) -> dict[str, Any]:
@@ -89,9 +63,6 @@ def save_state(path: Path, state: EvolutionState) -> None:
         "rng": state.rng,
         "last_candidate_id": state.last_candidate_id,
     })
-
-
-FRESH_START_HINT = "move it away (or choose another CONFIG_OUTPUT_DIR) to start a fresh run"
 
 
 def load_state(path: Path, cluster_ids: Sequence[str], population_size: int,
@@ -185,28 +156,3 @@ def check_against_archive(state: EvolutionState, path: Path, archive: RunArchive
         raise ConfigError(f"'{path}': best_fitness is {state.best_fitness!r}, but '{archive.path}' records "
                           f"{recorded!r} for the best individual (candidate {best.candidate_id}); "
                           f"{FRESH_START_HINT}")
-
-
-def capture_rng_of(rng: random.Random) -> dict[str, Any]:
-    """A strategy's own RNG in `restore_rng`'s format (its numpy part is the global one)."""
-    version, internal, gauss = rng.getstate()
-    return {**capture_rng(), "random": [version, list(internal), gauss]}
-
-
-def load_strategy_state(path: Path, keys: Sequence[str]) -> dict[str, Any] | None:
-    """A strategy's state file (JSON with `rng`, an integer `iteration` and
-    `last_candidate_id`, and `keys`), or None for a fresh run. One that cannot be used is
-    a ConfigError, never a silent fresh start."""
-    if not path.exists():
-        return None
-    try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-        restore_rng(state["rng"], into=(random.Random(), np.random.RandomState()))
-        missing = [key for key in keys if key not in state]
-        if missing:
-            raise KeyError(", ".join(missing))
-        fields.integer(state, "iteration")
-        fields.integer(state, "last_candidate_id")
-        return state
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"'{path}' cannot be read ({type(exc).__name__}: {exc}); {FRESH_START_HINT}") from None

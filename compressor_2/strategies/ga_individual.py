@@ -1,4 +1,5 @@
-"""DEAP types and the toolbox (seed 000 §1, §6.5, §8).
+"""DEAP types (CMA-ES draws its individuals as these too) and the GA's toolbox (seed 000
+§1, §6.5, §8).
 
 An individual is a list of deltas in canonical cluster order with three attributes:
 `scratchpad` (the lineage's notes), `evaluation` (its training answers, or None while
@@ -16,12 +17,18 @@ from typing import Any
 
 from deap import base, creator
 
-from compressor_2.evolution.operators import RRState, Selection, append_summary, next_target, weighted_average
+from compressor_2.deltas import to_dict
 from compressor_2.fitness import Evaluation, Evaluator
 from compressor_2.reflector.base import (
-    MergeRequest, MutationRequest, MutationResult, Reflector, VectorRequest, VectorResult,
+    MergeRequest,
+    MutationRequest,
+    MutationResult,
+    Reflector,
+    VectorRequest,
+    VectorResult,
 )
-from compressor_2.steering.deltas import to_dict
+from compressor_2.strategies.ga_operators import RRState, Selection, next_target
+from compressor_2.strategies.operators import append_summary, weighted_average
 
 if not hasattr(creator, "FitnessMax"):
     creator.create("FitnessMax", base.Fitness, weights=(1.0,))

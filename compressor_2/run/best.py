@@ -7,10 +7,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from compressor_2.atomic import atomic_write_json
-from compressor_2.evolution.progress import say
-from compressor_2.evolution.state import Member
+from compressor_2.deltas import write_fingerprint
 from compressor_2.fitness import Evaluation
-from compressor_2.steering.deltas import write_fingerprint
+from compressor_2.run.progress import say
+from compressor_2.run.state import Member
 
 DELTAS_BEST = "deltas_best.json"
 PROCESSOR_BEST = "processor_best.py"

@@ -1,4 +1,5 @@
-"""The GA's arithmetic and choices as small pure functions (seed 000 §1, §2, §4).
+"""The GA's own arithmetic and choices as small pure functions (seed 000 §1, §2): the
+round robin over mutation targets, the pairing of parents and the selections by name.
 
 Selection draws from the global `random` module (DEAP's selectors do); the loop seeds it
 and saves its state, so a resumed run draws what an uninterrupted one would have.
@@ -18,15 +19,6 @@ from compressor_2.errors import ConfigError
 T = TypeVar("T")
 
 
-def weighted_average(a: Sequence[float], b: Sequence[float], fitness_a: float,
-                     fitness_b: float) -> list[float]:
-    """child[c] = (f_a * a[c] + f_b * b[c]) / (f_a + f_b); the plain mean when both are 0."""
-    total = fitness_a + fitness_b
-    if total == 0:
-        return [(x + y) / 2 for x, y in zip(a, b, strict=True)]
-    return [(fitness_a * x + fitness_b * y) / total for x, y in zip(a, b, strict=True)]
-
-
 @dataclass
 class RRState:
     """The driver's round-robin over mutation targets; `rr_idx` is persisted."""
@@ -40,11 +32,6 @@ def next_target(rr: RRState) -> str:
     target = rr.cluster_ids[rr.rr_idx]
     rr.rr_idx = (rr.rr_idx + 1) % len(rr.cluster_ids)
     return target
-
-
-def append_summary(scratchpad: str, summary: str) -> str:
-    """Seed 001 §4.3: the driver appends the reflector's summary to the evolving summary."""
-    return "\n".join(part for part in (scratchpad.strip(), summary.strip()) if part)
 
 
 def pairs(parents: Sequence[T]) -> list[tuple[T, T]]:

@@ -1,4 +1,4 @@
-"""`python -m compressor_2 evolve`: the shared services of a run, and the strategy that uses them.
+"""`python -m compressor_2 evolve`: the run's services composed, and the strategy that uses them.
 
 `evolve` locks the run directory, opens the run archive, builds the evaluator (answers
 cached in the archive), the reflector (every call recorded in it), the budget and the
@@ -10,87 +10,30 @@ goes to the archive's events and onto the last line printed.
 from __future__ import annotations
 
 import contextlib
-import functools
 import io
-import shlex
-import sys
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from compressor_2.archive.database import ARCHIVE_FILE, RunArchive
-from compressor_2.atomic import remove_orphans, why_unwritable
+from compressor_2.atomic import remove_orphans
 from compressor_2.config import Config
-from compressor_2.data.example import Example
 from compressor_2.errors import ConfigError, RunError
-from compressor_2.evolution.best import DELTAS_BEST, PROCESSOR_BEST, BestEver
-from compressor_2.evolution.budget import Budget, Limits, shortfall
-from compressor_2.evolution.lock import LOCK_FILE, run_lock
-from compressor_2.evolution.progress import answers_bar, say
-from compressor_2.fitness import Evaluation, Evaluator, answer_context
+from compressor_2.fitness import Evaluator, answer_context
 from compressor_2.interrupts import signals_ignored, stop_on_first_signal
-from compressor_2.reflector.base import Reflector
 from compressor_2.reflector.prompt_log import PROMPT_DIR
+from compressor_2.run.best import DELTAS_BEST, PROCESSOR_BEST, BestEver
+from compressor_2.run.budget import Budget, Limits, shortfall
+from compressor_2.run.lock import run_lock
+from compressor_2.run.progress import say
+from compressor_2.run.services import Run
+from compressor_2.run_directory import check_output_dir
+from compressor_2.strategies import load_strategy
 
 # Files a run directory of an earlier compressor_2 (before the archive) holds.
 PRE_ARCHIVE_FILES = ("evolution_state.json", "history.json")
-
-
-@dataclass
-class Run:
-    """What every strategy is given."""
-
-    config: Config
-    cluster_ids: list[str]  # canonical order
-    examples: tuple[Example, ...]  # the training pool
-    archive: RunArchive
-    evaluator: Evaluator
-    reflector: Reflector
-    pool: Executor  # reflector calls in flight at once: CONFIG_REFLECTOR_CONCURRENCY
-    budget: Budget
-    best: BestEver
-    started: float  # perf_counter at this session's start
-
-    @property
-    def out(self) -> Path:
-        return self.config.output_dir
-
-    def evaluate(self, genomes: Sequence[Sequence[float]], label: str,
-                 examples: Sequence[Example] | None = None) -> list[Evaluation]:
-        """All `genomes` on `examples` (default: the pool) in one engine call, with a bar."""
-        if not genomes:
-            return []
-        n = len(self.examples if examples is None else examples)
-        with answers_bar(len(genomes) * n, label) as bar:
-            return self.evaluator.evaluate(genomes, bar.update, examples)
-
-    @functools.cached_property
-    def gold_tokens(self) -> dict[str, int]:
-        """Tokens of each training example's gold answer, with the model's tokenizer (what an
-        answer's `tokens` counts)."""
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(self.config.model_path)
-        return {ex.id: len(tokenizer(ex.gold, add_special_tokens=False)["input_ids"]) for ex in self.examples}
-
-    def start_afresh(self, state_file: Path, step: int) -> None:
-        """A start without a state file forgets what an earlier start that saved nothing had
-        made (its answers stay). An archive with later steps means the state file was lost:
-        that is refused, never silently restarted."""
-        later = self.archive.candidates("generation >= 1")
-        if later:
-            raise ConfigError(f"'{self.archive.path}' holds steps up to {later[-1].generation} but "
-                              f"'{state_file}' is missing: restore it, or move the run directory "
-                              "away (or choose another CONFIG_OUTPUT_DIR) to start a fresh run")
-        self.archive.rollback(0, from_step=step)
-
-    def stop_reason(self) -> str | None:
-        """Asked between steps: the first budget reached, if any."""
-        self.budget.checkpoint()
-        return self.budget.exhausted()
 
 
 def evolve(config: Config) -> None:
@@ -101,7 +44,6 @@ def evolve(config: Config) -> None:
     from compressor_2.judges.registry import make_judge
     from compressor_2.reflector.registry import make_reflector
     from compressor_2.steering.generate import generate_processor
-    from compressor_2.strategies import load_strategy
 
     out = config.output_dir
     strategy = load_strategy(config.strategy)
@@ -187,44 +129,12 @@ def open_archive(out: Path, strategy: str) -> RunArchive:
     return archive
 
 
-def check_output_dir(out: Path) -> None:
-    """CONFIG_OUTPUT_DIR must be a directory this process can write, and that is found out
-    here, before any work: the first save would otherwise fail after a generation's."""
-    if reason := why_unwritable(out):
-        raise ConfigError(f"CONFIG_OUTPUT_DIR='{out}' {reason}")
-
-
 def _remove_orphans(out: Path) -> None:
     """What writers killed mid-write (kill -9) left in the run's directories; the run lock
     keeps every other evolve out of them meanwhile."""
     removed = [path for directory in (out, out / PROMPT_DIR) for path in remove_orphans(directory)]
     if removed:
         say(f"removed {len(removed)} temp file(s) a killed run had left in {out}")
-
-
-def owned_files() -> frozenset[str]:
-    """The names `evolve` writes in its output directory, whatever the strategy: other
-    commands must not write over them."""
-    from compressor_2.engines.sglang_server import LOG_NAME
-    from compressor_2.evolution.history import HISTORY_FILE
-    from compressor_2.evolution.plots import FITNESS_PLOT, LENGTHS_PLOT
-    from compressor_2.evolution.state import STATE_FILE
-    from compressor_2.evolution.tree import TREE_FILE
-    from compressor_2.steering.deltas import fingerprint_path
-    from compressor_2.strategies import archive, ga, gepa
-
-    return frozenset({
-        ARCHIVE_FILE, f"{ARCHIVE_FILE}-wal", f"{ARCHIVE_FILE}-shm", f"{ARCHIVE_FILE}-journal", LOCK_FILE,
-        STATE_FILE, HISTORY_FILE, TREE_FILE, FITNESS_PLOT, LENGTHS_PLOT, DELTAS_BEST, PROCESSOR_BEST,
-        fingerprint_path(Path(DELTAS_BEST)).name, LOG_NAME, ga.TREE_PLOT, archive.STATE_FILE,
-        archive.SNAPSHOTS_FILE, archive.PROGRESS_PLOT, archive.TREE_PLOT, gepa.STATE_FILE, gepa.FRONT_FILE,
-        gepa.PROGRESS_PLOT, gepa.TREE_PLOT,
-    })
-
-
-def is_run_directory(directory: Path, config: Config) -> bool:
-    """CONFIG_OUTPUT_DIR, or any directory an `evolve` has locked."""
-    return directory.resolve() == config.output_dir.resolve() or (directory / LOCK_FILE).exists()
 
 
 def _refuse_pre_archive_directory(out: Path) -> None:
@@ -241,11 +151,3 @@ def quietly(fn: Callable[..., None], *args: Any, **kwargs: Any) -> None:
     """Runs `fn` without its own report lines: BestEver says what changed, once."""
     with contextlib.redirect_stdout(io.StringIO()):
         fn(*args, **kwargs)
-
-
-def resume_command() -> str:
-    """The command line this process was started with, as the user would retype it."""
-    args = sys.argv[1:]
-    if Path(sys.argv[0]).name == "__main__.py":
-        return shlex.join(["python", "-m", "compressor_2", *args])
-    return shlex.join([Path(sys.argv[0]).name, *args])

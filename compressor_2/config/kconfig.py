@@ -1,0 +1,164 @@
+"""Reading a Kconfig `.config` with kconfiglib, refusing anything suspicious.
+
+kconfiglib never raises on a bad value: it warns and falls back to the default.
+Here every warning, unknown name, dependency-unmet assignment and repeated line is a
+`ConfigError` naming the symbol and the value; `Reader` then gives typed access to the
+values, each failure naming `CONFIG_<NAME>`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import kconfiglib
+
+from compressor_2.errors import ConfigError
+
+KCONFIG_PATH = Path(__file__).resolve().parent.parent.parent / "Kconfig"
+
+
+def read_config(path: Path) -> Reader:
+    """The `.config` at `path`, loaded against KCONFIG_PATH and checked."""
+    _check_readable(path)
+    kconf = kconfiglib.Kconfig(str(KCONFIG_PATH), warn_to_stderr=False)
+    kconf.warn_assign_undef = True
+    kconf.warn_assign_override = True
+    # A line repeated with the same value is refused too: one of the two was meant to be another.
+    kconf.warn_assign_redun = True
+    kconf.load_config(str(path))
+    for sym in kconf.unique_defined_syms:
+        sym.str_value  # range warnings are only emitted when a value is computed
+    _check_kconfig_warnings(kconf)
+    _check_unmet_assignments(kconf)
+    return Reader(kconf)
+
+
+def choice_names(prefix: str) -> tuple[str, ...]:
+    """Every entry `PREFIX_NAME` of the choice whose symbols start with `prefix`, as `name`,
+    in Kconfig's order: a new entry in Kconfig needs no list in the code."""
+    kconf = kconfiglib.Kconfig(str(KCONFIG_PATH), warn_to_stderr=False)
+    choice = next(sym.choice for name, sym in kconf.syms.items() if name.startswith(prefix) and sym.choice)
+    return tuple(sym.name.removeprefix(prefix).lower() for sym in choice.syms)
+
+
+def _check_readable(path: Path) -> None:
+    """A config kconfiglib can read: it would report a directory or a non-UTF-8 byte with an
+    exception naming no line."""
+    if path.is_dir():
+        raise ConfigError(f"config file '{path}' is a directory: pass the .config file itself")
+    if not path.is_file():
+        raise ConfigError(
+            f"config file '{path}' not found: create it with `make defconfig` "
+            "(the embedded default) or `make menuconfig`, or pass --config PATH"
+        )
+    try:
+        data = path.read_bytes()
+        data.decode("utf-8")
+    except OSError as exc:
+        raise ConfigError(f"config file '{path}' cannot be read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"config file '{path}' line {line}: byte {data[exc.start]:#04x} is not UTF-8; "
+                          "save the file as UTF-8") from None
+
+
+class Reader:
+    """Typed access to symbol values, each failure naming `CONFIG_<NAME>`."""
+
+    def __init__(self, kconf: kconfiglib.Kconfig) -> None:
+        self._kconf = kconf
+
+    def _sym(self, name: str) -> kconfiglib.Symbol:
+        return self._kconf.syms[name]
+
+    def raw(self, name: str) -> str:
+        sym = self._sym(name)
+        if sym.visibility or not sym.defaults:
+            return sym.str_value
+        # A symbol whose dependency is unmet reads as "": keep its Kconfig default
+        # so the dataclass stays fully typed (the setting is simply unused).
+        return sym.defaults[0][0].str_value
+
+    def string(self, name: str) -> str:
+        return self.raw(name)
+
+    def integer(self, name: str) -> int:
+        value = self.raw(name)
+        try:
+            # Base 10, as kconfiglib reads an int symbol: "01" is 1 there, so it is here.
+            return int(value, 10)
+        except ValueError:
+            raise ConfigError(f"CONFIG_{name}={value!r} is not an integer") from None
+
+    def number(self, name: str) -> float:
+        value = self.raw(name).strip()
+        try:
+            parsed = float(value)
+        except ValueError:
+            raise ConfigError(f"CONFIG_{name}={value!r} is not a number") from None
+        if not math.isfinite(parsed):
+            raise ConfigError(f"CONFIG_{name}={value!r} is not a finite number")
+        return parsed
+
+    def flag(self, name: str) -> bool:
+        return self._sym(name).tri_value == 2
+
+    def choice(self, options: dict[str, str]) -> str:
+        return next(label for sym, label in options.items() if self.flag(sym))
+
+    def choice_suffix(self, prefix: str) -> str:
+        """The selected `PREFIX_NAME` symbol of the choice whose symbols start with
+        `prefix`, as `name`: a new entry in Kconfig needs no list here."""
+        choice = next(sym.choice for name, sym in self._kconf.syms.items()
+                      if name.startswith(prefix) and sym.choice is not None)
+        return choice.selection.name.removeprefix(prefix).lower()
+
+
+def _check_kconfig_warnings(kconf: kconfiglib.Kconfig) -> None:
+    if kconf.warnings:
+        message = kconf.warnings[0].replace("warning: ", "")
+        message = re.sub(r"\s*\(defined at [^)]*\)", "", message)
+        # We refuse instead of falling back, so kconfiglib's "ignored" wording would mislead.
+        message = re.sub(r"\s*(--\s*)?(falling back on defaults|[.,]?\s*[Aa]ssignment ignored\.?)", "", message)
+        # kconfiglib names symbols without the prefix users see in .config files.
+        message = re.sub(
+            r"\b(?<!CONFIG_)([A-Z][A-Z0-9_]{2,})\b",
+            lambda m: f"CONFIG_{m[1]}" if m[1] in kconf.syms or "symbol " + m[1] in message else m[1],
+            message,
+        )
+        raise ConfigError(" ".join(message.split()))
+
+
+def _symbol_name(sc: kconfiglib.Symbol) -> str:
+    """A symbol as users write it in .config; a constant (`"llm"` in `SELECTION = "llm"`) quoted."""
+    return f'"{sc.name}"' if sc.is_constant else f"CONFIG_{sc.name}"
+
+
+def _check_unmet_assignments(kconf: kconfiglib.Kconfig) -> None:
+    for sym in kconf.unique_defined_syms:
+        if sym.user_value is None:
+            continue
+        if sym.orig_type in (kconfiglib.BOOL, kconfiglib.TRISTATE):
+            effective, given = sym.tri_value, sym.user_value
+            shown = {0: "n", 1: "m", 2: "y"}.get(given, str(given))
+        else:
+            effective, given = sym.str_value, sym.user_value
+            shown = str(given)
+        if effective != given:
+            if sym.choice is not None:
+                raise ConfigError(
+                    f"CONFIG_{sym.name}={shown} conflicts with another choice in the same menu "
+                    f"(only one of {', '.join('CONFIG_' + s.name for s in sym.choice.syms)} may be y)"
+                )
+            raise ConfigError(
+                f"CONFIG_{sym.name}={shown} is set but its dependency "
+                f"({kconfiglib.expr_str(sym.direct_dep, _symbol_name)}) is not met, "
+                "so it would be ignored"
+            )
+
+
+def require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)

@@ -1,0 +1,308 @@
+"""The one entry point of configuration: `load_config` reads a Kconfig `.config` into one
+frozen, typed `Config`, refusing anything suspicious.
+
+Reading and typed access are `kconfig`'s; each strategy's options are parsed by their own
+module (`archive`, `gepa`, `search`) and the SGLang launch and address rule by `sglang`.
+Here: every other setting, each checked (unparsable floats, out-of-range values, the
+GA's sentinels) and reported as a `ConfigError` naming the symbol and the value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from compressor_2.config.archive import ArchiveOptions, archive_options
+from compressor_2.config.gepa import GepaOptions, gepa_options
+from compressor_2.config.kconfig import Reader, read_config, require
+from compressor_2.config.search import CmaesOptions, RandomOptions, cmaes_options, random_options
+from compressor_2.config.sglang import check_addresses
+
+EngineName = Literal["transformers", "sglang"]
+JudgeName = Literal["numeric", "llm", "hybrid"]
+ReflectorName = Literal["local", "openai"]
+SELECTIONS = ("tournament", "truncation", "llm")
+FALLBACK_SELECTIONS = ("tournament", "truncation")
+MUTATION_SCOPES = ("cluster", "vector")
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every setting of a run; built only by `load_config`, which validated it."""
+
+    # Paths
+    output_dir: Path
+    cluster_dir: Path
+    cluster_descriptions_path: Path
+    initial_deltas_path: Path
+    # Dataset
+    financebench_jsonl_path: Path
+    pool_indices: str
+    prompt_template_path: Path | None
+    evidence_max_chars: int
+    # Engine
+    engine: EngineName
+    model_path: str
+    max_new_tokens: int
+    temperature: float
+    transformers_batch_size: int
+    transformers_device: str
+    transformers_threads: int
+    eval_concurrency: int
+    sglang_command: str
+    sglang_urls: tuple[str, ...]
+    sglang_port: int
+    sglang_allow_remote: bool
+    sglang_startup_timeout: float
+    sglang_poll_interval: float
+    sglang_request_timeout: float
+    sglang_max_restarts: int
+    sglang_stop_grace: float
+    # Fitness (lambdas normalised to sum to 1)
+    lambda_shortness: float
+    lambda_correctness: float
+    shortness_scale: float
+    # Correctness judge
+    judge: JudgeName
+    correctness_tolerance: float
+    judge_model: str
+    judge_base_url: str
+    judge_api_key_env: str
+    # Reflector
+    reflector: ReflectorName
+    reflector_model: str
+    reflector_base_url: str
+    reflector_api_key_env: str
+    reflector_timeout: float
+    reflector_max_retries: int
+    reflector_max_consecutive_failures: int
+    reflector_concurrency: int
+    reflector_answer_max_chars: int
+    local_reflector_step: float
+    # Strategy and budgets (0: unlimited)
+    strategy: str
+    max_metric_calls: int
+    max_reflector_tokens: int
+    max_wall_minutes: float
+    archive: ArchiveOptions | None  # with strategy "archive"
+    gepa: GepaOptions | None  # with strategy "gepa"
+    random: RandomOptions | None  # with strategy "random"
+    cmaes: CmaesOptions | None  # with strategy "cmaes"
+    # Genetic algorithm
+    seed: int
+    population_size: int
+    ngen: int
+    cxpb: float
+    mutpb: float
+    elitism_size: int
+    selection: str
+    selection_fallback: str | None  # with selection "llm"
+    tournament_size: int | None
+    truncation_top_k: int | None
+    mutation_scope: str
+    # Clustering
+    embedding_model: str
+    pca_components: int
+    num_clusters: int
+    embed_batch_size: int
+    cluster_seed: int
+
+    def summary(self) -> str:
+        """The resolved settings, one `name = value` a line, for `check-config`."""
+        nested = {"archive": self.archive, "gepa": self.gepa, "random": self.random, "cmaes": self.cmaes}
+        pairs = [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.name not in nested]
+        for name, options in nested.items():
+            if options is not None:
+                pairs += [(f"{name}.{f.name}", getattr(options, f.name)) for f in dataclasses.fields(options)]
+        width = max(len(name) for name, _ in pairs)
+        return "\n".join(f"{name.ljust(width)} = {_show(value)}" for name, value in pairs)
+
+
+def _show(value: object) -> str:
+    if isinstance(value, tuple):
+        return ",".join(map(str, value)) or "(none)"
+    return "(none)" if value is None else str(value)
+
+
+def _sentinel(r: Reader, name: str) -> None:
+    value = r.raw(name)
+    require(
+        value not in ("", "-1"),
+        f"CONFIG_{name} is not set (still at its sentinel {value!r}); "
+        "the genetic-algorithm options have no defaults: set it with `make menuconfig`",
+    )
+
+
+def load_config(path: str | Path) -> Config:
+    """Parse, check and freeze the `.config` at `path`."""
+    config = _build(read_config(Path(path)))
+    if config.engine == "sglang":
+        check_addresses(config)
+    return config
+
+
+def _build(r: Reader) -> Config:
+    for name in (
+        "INITIAL_DELTAS_PATH", "POPULATION_SIZE", "NGEN", "CXPB", "MUTPB",
+        "ELITISM_SIZE", "SELECTION", "LAMBDA_SHORTNESS", "LAMBDA_CORRECTNESS",
+    ):
+        _sentinel(r, name)
+
+    population = r.integer("POPULATION_SIZE")
+    require(population >= 2, f"CONFIG_POPULATION_SIZE={population} must be at least 2")
+    ngen = r.integer("NGEN")
+    require(ngen >= 1, f"CONFIG_NGEN={ngen} must be at least 1")
+    elitism = r.integer("ELITISM_SIZE")
+    require(
+        0 <= elitism < population,
+        f"CONFIG_ELITISM_SIZE={elitism} must satisfy 0 <= elitism < population ({population})",
+    )
+    probabilities = {name: r.number(name) for name in ("CXPB", "MUTPB")}
+    for name, value in probabilities.items():
+        require(0.0 <= value <= 1.0, f"CONFIG_{name}={value} must be in [0, 1]")
+
+    selection = r.string("SELECTION").strip()
+    require(
+        selection in SELECTIONS,
+        f"CONFIG_SELECTION={selection!r} is unknown; use one of {', '.join(SELECTIONS)}",
+    )
+    fallback = None
+    if selection == "llm":
+        fallback = r.string("SELECTION_FALLBACK").strip()
+        require(fallback != "", 'CONFIG_SELECTION_FALLBACK is not set but CONFIG_SELECTION="llm" needs it '
+                 f"(one of {', '.join(FALLBACK_SELECTIONS)})")
+        require(fallback in FALLBACK_SELECTIONS, f"CONFIG_SELECTION_FALLBACK={fallback!r} is unknown; use one of "
+                 f"{', '.join(FALLBACK_SELECTIONS)}")
+    drawn = {selection, fallback}
+    sizes = {"TOURNAMENT_SIZE": "tournament", "TRUNCATION_TOP_K": "truncation"}
+    used = {name: _selection_size(r, name, population) for name, kind in sizes.items() if kind in drawn}
+    for name, kind in sizes.items():
+        # A size no selection reads is a sign that the selection is not the one meant.
+        require(name in used or r.integer(name) == -1,
+                 f"CONFIG_{name}={r.integer(name)} is set but no selection draws by {kind} "
+                 f"(CONFIG_SELECTION={selection!r}"
+                 f"{f', CONFIG_SELECTION_FALLBACK={fallback!r}' if fallback else ''}): set it to -1 (unset)")
+    scope = r.string("MUTATION_SCOPE").strip()
+    require(scope in MUTATION_SCOPES,
+             f"CONFIG_MUTATION_SCOPE={scope!r} is unknown; use one of {', '.join(MUTATION_SCOPES)}")
+
+    lambdas = {name: r.number(name) for name in ("LAMBDA_SHORTNESS", "LAMBDA_CORRECTNESS")}
+    for name, value in lambdas.items():
+        require(0.0 <= value <= 1.0, f"CONFIG_{name}={value} must be in [0, 1]")
+    total = sum(lambdas.values())
+    require(total > 0, "CONFIG_LAMBDA_SHORTNESS and CONFIG_LAMBDA_CORRECTNESS are both 0")
+
+    wall_minutes = r.number("MAX_WALL_MINUTES")
+    require(wall_minutes >= 0, f"CONFIG_MAX_WALL_MINUTES={wall_minutes} must be >= 0 (0: unlimited)")
+
+    def positive(name: str) -> float:
+        value = r.number(name)
+        require(value > 0, f"CONFIG_{name}={value} must be greater than 0")
+        return value
+
+    temperature = r.number("TEMPERATURE")
+    require(temperature >= 0, f"CONFIG_TEMPERATURE={temperature} must be >= 0")
+    tolerance = r.number("CORRECTNESS_TOLERANCE")
+    require(0 <= tolerance < 1, f"CONFIG_CORRECTNESS_TOLERANCE={tolerance} must be in [0, 1)")
+
+    pool = r.string("FINANCEBENCH_POOL_INDICES").strip()
+    require(
+        re.fullmatch(r"all|\d+(-\d+)?(\s*,\s*\d+(-\d+)?)*", pool) is not None,
+        f"CONFIG_FINANCEBENCH_POOL_INDICES={pool!r} must be 'all' or indices/ranges like '0,3,5-9'",
+    )
+    template = r.string("PROMPT_TEMPLATE_PATH").strip()
+    urls = tuple(u.strip().rstrip("/") for u in r.string("SGLANG_URLS").split(",") if u.strip())
+    for url in urls:
+        require(
+            re.match(r"https?://", url) is not None,
+            f"CONFIG_SGLANG_URLS has {url!r}, which is not an http(s):// URL",
+        )
+    for name in ("OUTPUT_DIR", "CLUSTER_DIR", "CLUSTER_DESCRIPTIONS_PATH", "MODEL_PATH",
+                 "FINANCEBENCH_JSONL_PATH", "EMBEDDING_MODEL"):
+        require(r.string(name).strip() != "", f"CONFIG_{name} is empty")
+
+    return Config(
+        output_dir=Path(r.string("OUTPUT_DIR")),
+        cluster_dir=Path(r.string("CLUSTER_DIR")),
+        cluster_descriptions_path=Path(r.string("CLUSTER_DESCRIPTIONS_PATH")),
+        initial_deltas_path=Path(r.string("INITIAL_DELTAS_PATH")),
+        financebench_jsonl_path=Path(r.string("FINANCEBENCH_JSONL_PATH")),
+        pool_indices=pool,
+        prompt_template_path=Path(template) if template else None,
+        evidence_max_chars=r.integer("EVIDENCE_MAX_CHARS"),
+        engine=r.choice({"ENGINE_TRANSFORMERS": "transformers", "ENGINE_SGLANG": "sglang"}),  # type: ignore[arg-type]
+        model_path=r.string("MODEL_PATH"),
+        max_new_tokens=r.integer("MAX_NEW_TOKENS"),
+        temperature=temperature,
+        transformers_batch_size=r.integer("TRANSFORMERS_BATCH_SIZE"),
+        transformers_device=r.string("TRANSFORMERS_DEVICE"),
+        transformers_threads=r.integer("TRANSFORMERS_THREADS"),
+        eval_concurrency=r.integer("EVAL_CONCURRENCY"),
+        sglang_command=r.string("SGLANG_COMMAND"),
+        sglang_urls=urls,
+        sglang_port=r.integer("SGLANG_PORT"),
+        sglang_allow_remote=r.flag("SGLANG_ALLOW_REMOTE"),
+        sglang_startup_timeout=float(r.integer("SGLANG_STARTUP_TIMEOUT")),
+        sglang_poll_interval=positive("SGLANG_POLL_INTERVAL"),
+        sglang_request_timeout=float(r.integer("SGLANG_REQUEST_TIMEOUT")),
+        sglang_max_restarts=r.integer("SGLANG_MAX_RESTARTS"),
+        sglang_stop_grace=float(r.integer("SGLANG_STOP_GRACE")),
+        lambda_shortness=lambdas["LAMBDA_SHORTNESS"] / total,
+        lambda_correctness=lambdas["LAMBDA_CORRECTNESS"] / total,
+        shortness_scale=positive("SHORTNESS_SCALE"),
+        judge=r.choice({"JUDGE_NUMERIC": "numeric", "JUDGE_LLM": "llm", "JUDGE_HYBRID": "hybrid"}),  # type: ignore[arg-type]
+        correctness_tolerance=tolerance,
+        judge_model=r.string("JUDGE_MODEL"),
+        judge_base_url=r.string("JUDGE_BASE_URL"),
+        judge_api_key_env=r.string("JUDGE_API_KEY_ENV"),
+        reflector=r.choice({"REFLECTOR_LOCAL": "local", "REFLECTOR_OPENAI": "openai"}),  # type: ignore[arg-type]
+        reflector_model=r.string("REFLECTOR_MODEL"),
+        reflector_base_url=r.string("REFLECTOR_BASE_URL"),
+        reflector_api_key_env=r.string("REFLECTOR_API_KEY_ENV"),
+        reflector_timeout=float(r.integer("REFLECTOR_TIMEOUT")),
+        reflector_max_retries=r.integer("REFLECTOR_MAX_RETRIES"),
+        reflector_max_consecutive_failures=r.integer("REFLECTOR_MAX_CONSECUTIVE_FAILURES"),
+        reflector_concurrency=r.integer("REFLECTOR_CONCURRENCY"),
+        reflector_answer_max_chars=r.integer("REFLECTOR_ANSWER_MAX_CHARS"),
+        local_reflector_step=positive("LOCAL_REFLECTOR_STEP"),
+        strategy=r.choice_suffix("STRATEGY_"),
+        max_metric_calls=r.integer("MAX_METRIC_CALLS"),
+        max_reflector_tokens=r.integer("MAX_REFLECTOR_TOKENS"),
+        max_wall_minutes=wall_minutes,
+        archive=archive_options(r) if r.choice_suffix("STRATEGY_") == "archive" else None,
+        gepa=gepa_options(r, r.integer("MAX_METRIC_CALLS")) if r.choice_suffix("STRATEGY_") == "gepa" else None,
+        random=random_options(r) if r.choice_suffix("STRATEGY_") == "random" else None,
+        cmaes=cmaes_options(r) if r.choice_suffix("STRATEGY_") == "cmaes" else None,
+        seed=r.integer("SEED"),
+        population_size=population,
+        ngen=ngen,
+        cxpb=probabilities["CXPB"],
+        mutpb=probabilities["MUTPB"],
+        elitism_size=elitism,
+        selection=selection,
+        selection_fallback=fallback,
+        tournament_size=used.get("TOURNAMENT_SIZE"),
+        truncation_top_k=used.get("TRUNCATION_TOP_K"),
+        mutation_scope=scope,
+        embedding_model=r.string("EMBEDDING_MODEL"),
+        pca_components=r.integer("PCA_COMPONENTS"),
+        num_clusters=r.integer("NUM_CLUSTERS"),
+        embed_batch_size=r.integer("EMBED_BATCH_SIZE"),
+        cluster_seed=r.integer("CLUSTER_SEED"),
+    )
+
+
+def _selection_size(r: Reader, name: str, population: int) -> int:
+    value = r.integer(name)
+    require(value != -1, f"CONFIG_{name} is not set (still at its sentinel -1) but CONFIG_SELECTION "
+             "(or CONFIG_SELECTION_FALLBACK) needs it")
+    require(
+        2 <= value <= population,
+        f"CONFIG_{name}={value} must be in [2, population] = [2, {population}]",
+    )
+    return value
+
+

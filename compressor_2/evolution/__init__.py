@@ -1,1 +1,0 @@
-"""The DEAP genetic algorithm over delta vectors (seed 000)."""

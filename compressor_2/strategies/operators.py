@@ -1,0 +1,21 @@
+"""Operators more than one strategy uses, as small pure functions: the fitness-weighted
+crossover of two genomes (seed 000 §4: the GA's mate, the archive's crossover generator)
+and the scratchpad's appended summary (seed 001 §4.3: every full-vector proposal)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def weighted_average(a: Sequence[float], b: Sequence[float], fitness_a: float,
+                     fitness_b: float) -> list[float]:
+    """child[c] = (f_a * a[c] + f_b * b[c]) / (f_a + f_b); the plain mean when both are 0."""
+    total = fitness_a + fitness_b
+    if total == 0:
+        return [(x + y) / 2 for x, y in zip(a, b, strict=True)]
+    return [(fitness_a * x + fitness_b * y) / total for x, y in zip(a, b, strict=True)]
+
+
+def append_summary(scratchpad: str, summary: str) -> str:
+    """Seed 001 §4.3: the driver appends the reflector's summary to the evolving summary."""
+    return "\n".join(part for part in (scratchpad.strip(), summary.strip()) if part)
