@@ -34,7 +34,7 @@ from compressor_2.engines.chat import encode_prompt
 from compressor_2.engines.sglang_engine import SGLangEngine
 from compressor_2.engines.sglang_facts import STATED_SAMPLING, UNSTATED_SAMPLING
 from compressor_2.steering.generate import render_processor
-from compressor_2.steering.processor import processor_spec
+from compressor_2.steering.processor import SteeringProcessor
 from tests.fakes import sglang_server as fake
 from tests.sglang_wheel import SGLang, Batch, Req, load_sglang, sglang_source
 
@@ -224,8 +224,10 @@ def test_sglangs_batching_of_both_processors_gives_logits_plus_bias(
     steering = [deltas for _, deltas in rows]
     info = sglang.sampling_batch_info.SamplingBatchInfo.from_schedule_batch(Batch(requests), vocab_size=width)
 
-    groups = sorted(entry.rows for entry in info.custom_logit_processor.values())
-    assert groups == [[0, 3, 5, 6], [2, 4]]  # one entry per processor string
+    groups = {tuple(entry.rows): type(entry.processor) for entry in info.custom_logit_processor.values()}
+    assert sorted(groups) == [(0, 3, 5, 6), (2, 4)]  # one entry per processor string
+    assert groups[0, 3, 5, 6] is SteeringProcessor  # by reference: this very class
+    assert groups[2, 4].__module__ == "__main__" and groups[2, 4].__name__ == "SteeringProcessor"  # by value
     assert info.custom_params[1] is None and info.custom_params[2] is None
     assert info.custom_params[0]["__req__"].rid == "r0"  # SGLang's Req, by weak reference
 
