@@ -1,5 +1,6 @@
 # compressor_2: `make run` runs the main job, `make test` passes the tests.
 # Both set up .venv first (idempotent: a no-op once requirements are installed).
+# `make install-gpu` sets up .venv with the SGLang server instead (GPU machines).
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -8,20 +9,37 @@ STAMP  := $(VENV)/.installed
 CONFIG ?= .config
 export KCONFIG_CONFIG := $(CONFIG)
 
-.PHONY: install menuconfig defconfig savedefconfig olddefconfig test run bench
+.PHONY: install install-gpu menuconfig defconfig savedefconfig olddefconfig test run bench
 
 install: $(STAMP)
 
-$(STAMP): requirements.txt pyproject.toml
+# A venv that holds sglang (make install-gpu) keeps the GPU set after a pull: the CPU
+# set would downgrade torch under SGLang.
+HAS_SGLANG = $(PY) -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('sglang') is None)"
+
+$(STAMP): requirements.txt requirements-common.txt requirements-gpu.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.txt
+	@reqs=requirements.txt; if $(HAS_SGLANG); then reqs=requirements-gpu.txt; fi; \
+	echo "$(PY) -m pip install -q -r $$reqs"; $(PY) -m pip install -q -r $$reqs
 	$(PY) -m pip install -q --no-deps -e .
 	@# tmux drives menuconfig in the tests; best effort where apt is available.
 	@command -v tmux >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
 	  (apt-get update -qq && apt-get install -y -qq tmux) >/dev/null 2>&1 || \
 	  echo "note: tmux not installed; the menuconfig test will skip"; }
 	@touch $(STAMP)
+
+# sglang 0.5.23 ships for CPython 3.11 only: `make install-gpu PYTHON=python3.11` where
+# python3 is another version.
+install-gpu:
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -c "import sys; sys.exit(sys.version_info[:2] != (3, 11))" || { \
+	  echo "make install-gpu: sglang 0.5.23 needs CPython 3.11 but $(VENV) has $$($(PY) -V 2>&1);" \
+	  "remove $(VENV) and run: make install-gpu PYTHON=python3.11"; exit 2; }
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements-gpu.txt
+	@rm -f $(STAMP)
+	@$(MAKE) --no-print-directory install
 
 $(CONFIG):
 	$(MAKE) --no-print-directory defconfig

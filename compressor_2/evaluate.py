@@ -43,7 +43,7 @@ def run_evaluate(config: Config, deltas_path: Path | None, indices: str | None,
     deltas = to_list(load_deltas(deltas_path, ids)) if deltas_path is not None else [0.0] * len(ids)
     examples = examples_from_config(config, indices)
     judge = make_judge(config)
-    engine = make_engine(config, clusters)
+    engine = make_engine(config, clusters, {e.id: e.prompt for e in examples})
     try:
         evaluator = Evaluator(engine, judge, examples, config.lambda_shortness,
                               config.lambda_correctness, config.shortness_scale)

@@ -61,7 +61,7 @@ def evolve(config: Config) -> None:
             with stop_on_first_signal():
                 # A missing API key stops us here, before the model loads.
                 reflector = make_reflector(config, clusters, recorder=archive.record_call)
-                engine = LazyEngine(config, clusters)
+                engine = LazyEngine(config, clusters, {e.id: e.prompt for e in examples})
                 context = answer_context(answer_settings(config, clusters.fingerprint))
                 archive.set_meta({"context": context})  # `show` reads this run's answers under it
                 evaluator = Evaluator(engine, make_judge(config), examples, config.lambda_shortness,

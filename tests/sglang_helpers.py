@@ -1,14 +1,18 @@
-"""Shared by the SGLang tests: a config that launches tests/fakes/sglang_server.py, free
-ports, and checks on real processes."""
+"""Shared by the SGLang tests: a config that launches tests/fakes/sglang_server.py, fake
+servers started by hand (to attach to), free ports, and checks on real processes."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import shlex
 import socket
+import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +22,8 @@ from compressor_2.config import Config, load_config
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_SERVER = REPO / "tests" / "fakes" / "sglang_server.py"
+# What a server you attach to needs, and what the launched one gets.
+ATTACHABLE = ("--enable-custom-logit-processor", "--enable-deterministic-inference")
 
 
 def free_port() -> int:
@@ -62,3 +68,35 @@ def process_gone(pid: int, wait: float = 5.0) -> bool:
 
 def fake_stats(url: str) -> dict[str, Any]:
     return httpx.get(url + "/fake_stats", timeout=10).json()
+
+
+@contextmanager
+def fake_server(model_dir: Path, *flags: str) -> Iterator[str]:
+    """A fake SGLang server started with exactly `flags` (nothing added: real servers you
+    attach to are started by hand), on a free loopback port; yields its URL once it is up."""
+    port = free_port()
+    process = subprocess.Popen([sys.executable, str(FAKE_SERVER), "--model-path", str(model_dir),
+                                "--port", str(port), *flags], stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(400):
+            assert process.poll() is None, "the fake server died"
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.05)
+        else:
+            raise AssertionError(f"{url} never came up")
+        yield url
+    finally:
+        process.kill()
+        process.wait()
+
+
+def logged_requests(log: Path, path: str = "/generate") -> list[dict[str, Any]]:
+    """The bodies a fake started with --fake-request-log LOG received on `path`."""
+    if not log.exists():
+        return []
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    return [entry["body"] for entry in entries if entry["path"] == path]

@@ -227,6 +227,17 @@ CASES = [
     Case("a launched server on the IPv6 loopback",
          lambda s: s.sglang_check(SGLANG_COMMAND='"python -m sglang.launch_server --host ::1"'),
          0, r"(?m)^sglang_command += python -m sglang\.launch_server --host ::1$"),
+    # -- issue M: what would silently stop or misdirect the steering ------------------------------
+    Case("a launched server with speculative decoding",
+         lambda s: s.sglang_check(SGLANG_COMMAND='"python -m sglang.launch_server --speculative-algorithm=EAGLE"'),
+         2, r"CONFIG_SGLANG_COMMAND has --speculative-algorithm: .*every token after an answer's first"),
+    Case("a launched server of another model",
+         lambda s: s.sglang_check(SGLANG_COMMAND='"python -m sglang.launch_server --model-path /models/other"'),
+         2, r"CONFIG_SGLANG_COMMAND has --model-path '/models/other' but CONFIG_MODEL_PATH="),
+    Case("a launched server of another model, allowed",
+         lambda s: s.sglang_check(SGLANG_COMMAND='"python -m sglang.launch_server --model-path /models/other"',
+                                  SGLANG_ALLOW_OTHER_MODEL="y"),
+         0, r"(?m)^sglang_allow_other_model += True$"),
 ]
 
 

@@ -155,6 +155,43 @@ def test_cluster_map_is_loaded_once_per_process(tmp_path: Path) -> None:
     assert not torch.equal(first, logits)
 
 
+def test_each_distinct_delta_list_moves_to_the_device_once(clusters: ClusterSet) -> None:
+    SteeringProcessor._rows.clear()
+    params = [custom_params(d, clusters) for d in DELTAS]
+    logits = torch.randn(3, WIDTH)
+    first = SteeringProcessor()(logits.clone(), params)
+    cached = dict(SteeringProcessor._rows)
+    # The three lists (the all-zero one as "nothing to add") and the zero row it stacks as.
+    assert len(cached) == 4 and sum(v is None for v in cached.values()) == 1
+    again = SteeringProcessor()(logits.clone(), [custom_params(d, clusters) for d in DELTAS])
+    assert torch.equal(again, first)
+    assert SteeringProcessor._rows.keys() == cached.keys()
+    assert all(SteeringProcessor._rows[k] is cached[k] for k in cached)  # the same tensors, not new ones
+
+
+def test_the_deltas_cache_is_bounded_and_keeps_the_recent_lists(clusters: ClusterSet) -> None:
+    class Small(SteeringProcessor):
+        cache_size = 3
+        _rows: dict = {}
+
+    vectors = [[float(i + j + 1) for j in range(CLUSTERS)] for i in range(6)]
+    for vector in vectors:
+        logits = torch.randn(1, WIDTH)
+        out = Small()(logits.clone(), [custom_params(vector, clusters)])
+        assert torch.equal(out[0], _steered(logits[0], vector, clusters.token_clusters))
+    assert [key[-1] for key in Small._rows] == [tuple(v) for v in vectors[-3:]]
+
+
+def test_logits_of_another_dtype_get_their_own_rows(clusters: ClusterSet) -> None:
+    params = [custom_params(DELTAS[0], clusters)]
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        logits = torch.randn(1, WIDTH).to(dtype)
+        out = SteeringProcessor()(logits.clone(), params)
+        expected = logits[0].clone()
+        expected[:VOCAB] += torch.tensor(DELTAS[0], dtype=dtype)[torch.as_tensor(clusters.token_clusters)]
+        assert out.dtype == dtype and torch.equal(out[0], expected)
+
+
 def test_custom_params_checks_the_count(clusters: ClusterSet) -> None:
     with pytest.raises(ValueError, match="4 deltas for 5 clusters"):
         custom_params([0.0] * 4, clusters)

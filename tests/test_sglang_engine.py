@@ -6,9 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import subprocess
-import sys
-import time
+import re
+import shutil
 from pathlib import Path
 
 import httpx
@@ -17,12 +16,21 @@ import pytest
 from transformers import AutoTokenizer
 
 from compressor_2.clusters.clusterset import FINGERPRINT_FILE, ClusterSet
+from compressor_2.config import Config
 from compressor_2.engines.base import Generation, GenerationRequest
 from compressor_2.engines.chat import encode_prompt
-from compressor_2.engines.sglang_engine import SGLangEngine
+from compressor_2.engines.sglang_engine import PROBE_TOKENS, SGLangEngine
 from compressor_2.engines.sglang_server import SGLangServer
 from compressor_2.errors import ConfigError, RunError
-from tests.sglang_helpers import FAKE_SERVER, fake_stats, free_port, process_gone, sglang_config
+from tests.sglang_helpers import (
+    ATTACHABLE,
+    fake_server,
+    fake_stats,
+    free_port,
+    logged_requests,
+    process_gone,
+    sglang_config,
+)
 
 PROMPTS = ["Revenue was", "Total assets", "The answer is 1.9%", "net income was 5,363"]
 ZEROS = (0.0, 0.0, 0.0)
@@ -184,31 +192,15 @@ def test_attach_to_another_machine_is_refused_before_any_request(tiny_model_dir,
         SGLangEngine.from_config(config, clusters)
 
 
+def attach(tmp_path: Path, model_dir: Path, url: str, **overrides) -> Config:
+    return sglang_config(tmp_path / "run", model_dir, sglang_urls=(url,), **overrides)
+
+
 def test_a_server_without_the_processor_flag_is_reported(tiny_model_dir, clusters, tmp_path: Path):
-    port = free_port()
     # Attached, so nothing adds --enable-custom-logit-processor for us.
-    server = subprocess.Popen([sys.executable, str(FAKE_SERVER), "--model-path", str(tiny_model_dir),
-                               "--port", str(port)], stdout=subprocess.DEVNULL)
-    try:
-        config = sglang_config(tmp_path / "run", tiny_model_dir, sglang_urls=(f"http://127.0.0.1:{port}",),
-                               sglang_startup_timeout=10.0)
-        _wait_until_up(config.sglang_urls[0], server)
-        with pytest.raises(RunError, match="HTTP 400.*--enable-custom-logit-processor"):
-            SGLangEngine.from_config(config, clusters)
-    finally:
-        server.kill()
-        server.wait()
-
-
-def _wait_until_up(url: str, process: subprocess.Popen) -> None:
-    for _ in range(200):
-        assert process.poll() is None, "the fake server died"
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            time.sleep(0.05)
-    raise AssertionError(f"{url} never came up")
+    with fake_server(tiny_model_dir, "--enable-deterministic-inference") as url:
+        with pytest.raises(ConfigError, match="runs without --enable-custom-logit-processor"):
+            SGLangEngine.from_config(attach(tmp_path, tiny_model_dir, url), clusters)
 
 
 def test_a_cluster_map_for_another_tokenizer_is_refused(tiny_model_dir, clusters, tmp_path: Path):
@@ -238,3 +230,105 @@ def test_a_server_that_ignores_the_deltas_is_refused_before_any_work(engine, clu
     config = sglang_config(tmp_path / "run", tiny_model_dir, sglang_urls=engine.urls)
     with pytest.raises(RunError, match="ignores the steering deltas.*elsewhere/token_clusters.npy"):
         SGLangEngine.from_config(config, unreadable)
+
+
+def test_the_launched_server_runs_deterministic_inference(engine: SGLangEngine):
+    info = httpx.get(engine.urls[0] + "/server_info", timeout=10).json()
+    assert info["enable_deterministic_inference"] is True
+
+
+def test_an_attached_server_running_speculative_decoding_is_refused_before_any_request(
+        tiny_model_dir, clusters, tmp_path: Path):
+    log = tmp_path / "requests.jsonl"
+    with fake_server(tiny_model_dir, *ATTACHABLE, "--speculative-algorithm", "EAGLE",
+                     "--fake-request-log", str(log)) as url:
+        with pytest.raises(ConfigError, match=rf"^{url} runs speculative decoding \(EAGLE\): .*unsteered"):
+            SGLangEngine.from_config(attach(tmp_path, tiny_model_dir, url), clusters)
+    assert logged_requests(log) == []
+
+
+def test_a_server_that_steers_only_the_first_token_fails_the_probe(tiny_model_dir, clusters, tmp_path: Path):
+    # It says nothing of speculative decoding; only the probe's later tokens can tell.
+    with fake_server(tiny_model_dir, *ATTACHABLE, "--fake-steer-first-token-only") as url:
+        with pytest.raises(RunError, match=rf"^{url} steers only the first token of an answer "
+                                           rf"\(\d of {PROBE_TOKENS} probe tokens"):
+            SGLangEngine.from_config(attach(tmp_path, tiny_model_dir, url), clusters)
+
+
+def test_a_server_without_deterministic_inference_is_warned_about(tiny_model_dir, clusters, tmp_path: Path,
+                                                                  caplog):
+    with fake_server(tiny_model_dir, "--enable-custom-logit-processor") as url:
+        with caplog.at_level(logging.WARNING, logger="compressor_2.engines"):
+            SGLangEngine.from_config(attach(tmp_path, tiny_model_dir, url), clusters).close()
+    [warning] = [r.getMessage() for r in caplog.records if "deterministic" in r.getMessage()]
+    assert f"{url} runs without --enable-deterministic-inference" in warning
+    assert "answer cache" in warning
+
+
+def test_a_servers_preferred_sampling_params_change_no_answer(tiny_model_dir, clusters, reference,
+                                                             tmp_path: Path):
+    # Every field a request leaves out is filled from these: longer, sampled answers.
+    preferred = {"temperature": 1.5, "top_k": 5, "min_new_tokens": 20, "ignore_eos": True, "max_new_tokens": 3}
+    with fake_server(tiny_model_dir, *ATTACHABLE, "--preferred-sampling-params", json.dumps(preferred)) as url:
+        with SGLangEngine.from_config(attach(tmp_path, tiny_model_dir, url), clusters) as attached:
+            batch = requests(ZEROS, EOS_SOONER)
+            assert attached.generate(batch) == [reference[r] for r in batch]
+
+
+def test_a_server_preferring_a_sampling_field_requests_leave_out_is_refused(tiny_model_dir, clusters,
+                                                                           tmp_path: Path):
+    preferred = json.dumps({"regex": "[0-9]+", "n": 1})  # n=1 is SGLang's own default: harmless
+    with fake_server(tiny_model_dir, *ATTACHABLE, "--preferred-sampling-params", preferred) as url:
+        with pytest.raises(ConfigError, match=r"--preferred-sampling-params setting regex, which"):
+            SGLangEngine.from_config(attach(tmp_path, tiny_model_dir, url), clusters)
+
+
+def test_a_server_of_another_model_is_refused_unless_allowed(tiny_model_dir, clusters, tmp_path: Path):
+    other = shutil.copytree(tiny_model_dir, tmp_path / "other_model")
+    with fake_server(other, *ATTACHABLE, "--fake-info-endpoints", "old") as url:
+        config = attach(tmp_path, tiny_model_dir, url)
+        with pytest.raises(ConfigError, match=re.escape(f"{url} serves '{other}' but CONFIG_MODEL_PATH="
+                                                        f"'{tiny_model_dir}'")):
+            SGLangEngine.from_config(config, clusters)
+        with SGLangEngine.from_config(dataclasses.replace(config, sglang_allow_other_model=True), clusters) as e:
+            assert len(e.generate(requests(ZEROS))) == len(PROMPTS)
+
+
+def test_a_server_without_info_endpoints_is_refused(tiny_model_dir, clusters, tmp_path: Path):
+    with fake_server(tiny_model_dir, *ATTACHABLE, "--fake-info-endpoints", "none") as url:
+        with pytest.raises(ConfigError, match="answers neither /server_info nor /get_server_info"):
+            SGLangEngine.from_config(attach(tmp_path, tiny_model_dir, url), clusters)
+
+
+def test_an_example_too_long_for_the_served_context_is_refused_before_any_request(
+        tiny_model_dir, clusters, tmp_path: Path):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompts = {"fb_1": PROMPTS[0], "fb_2": "Total assets were 36,500 and liabilities 26,652. Net income?"}
+    longest = len(encode_prompt(tokenizer, prompts["fb_2"]))
+    # SGLang answers 400 past the context, and silently cuts max_new_tokens to
+    # context - 2 - prompt: one token less of room than this is already refused.
+    fits = longest + MAX_NEW + 2
+    log = tmp_path / "requests.jsonl"
+    with fake_server(tiny_model_dir, *ATTACHABLE, "--context-length", str(fits - 1),
+                     "--fake-request-log", str(log)) as url:
+        with pytest.raises(ConfigError) as raised:
+            SGLangEngine.from_config(attach(tmp_path, tiny_model_dir, url), clusters, prompts=prompts)
+    assert str(raised.value).startswith(f"example fb_2 (prompt ending {prompts['fb_2']!r}): a prompt of "
+                                        f"{longest} tokens plus CONFIG_MAX_NEW_TOKENS={MAX_NEW} exceeds")
+    assert "lower CONFIG_EVIDENCE_MAX_CHARS or CONFIG_MAX_NEW_TOKENS" in str(raised.value)
+    assert logged_requests(log) == []
+    with fake_server(tiny_model_dir, *ATTACHABLE, "--context-length", str(fits)) as url:
+        config = attach(tmp_path, tiny_model_dir, url)
+        with SGLangEngine.from_config(config, clusters, prompts=prompts) as attached:
+            [answer] = attached.generate([GenerationRequest(prompts["fb_2"], EOS_NEVER)])
+            assert answer.completion_tokens == MAX_NEW  # not cut short
+
+
+def test_a_400_mid_run_names_the_request(engine: SGLangEngine, clusters):
+    # Built directly, this engine knows no context, so the server's 400 is what it meets.
+    direct = SGLangEngine(engine.urls, clusters, engine.encode, temperature=0.0, max_new_tokens=MAX_NEW,
+                          concurrency=2, request_timeout=60.0)
+    too_long = "Revenue was up. " * 200
+    with pytest.raises(RunError, match=r"refused request 1 \(prompt ending '.*Revenue was up\. '\) \(HTTP 400\): "
+                                       r"The input \(\d+ tokens\) is longer than the model's context length"):
+        direct.generate([GenerationRequest(PROMPTS[0], ZEROS), GenerationRequest(too_long, ZEROS)])

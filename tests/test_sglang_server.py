@@ -43,17 +43,69 @@ def listening_address(port: int) -> str | None:
 
 
 def test_launch_command_adds_only_missing_flags(config_for):
-    config = config_for()
+    config = dataclasses.replace(config_for(), model_path="/models/mine")
     command = launch_command(dataclasses.replace(
         config, sglang_command="python -m sglang.launch_server --enable-custom-logit-processor "
-                               "--model-path /models/mine --mem-fraction-static 0.8"))
-    assert command[:3] == ["python", "-m", "sglang.launch_server"]
+                               "--model-path /models/mine/ --mem-fraction-static 0.8"))
+    assert command[1:3] == ["-m", "sglang.launch_server"]
     assert command.count("--enable-custom-logit-processor") == 1
-    assert command[command.index("--model-path") + 1] == "/models/mine"
+    assert command[command.index("--model-path") + 1] == "/models/mine/"
     assert command.count("--model-path") == 1
     assert command[command.index("--port") + 1] == str(config.sglang_port)
     assert command[command.index("--host") + 1] == "127.0.0.1"
+    assert command.count("--enable-deterministic-inference") == 1
     assert "--mem-fraction-static" in command
+    again = launch_command(dataclasses.replace(
+        config, sglang_command="python -m sglang.launch_server --enable-deterministic-inference"))
+    assert again.count("--enable-deterministic-inference") == 1
+    assert again[again.index("--model-path") + 1] == "/models/mine"
+
+
+@pytest.mark.parametrize(("given", "runs"), [
+    ("python -m sglang.launch_server", sys.executable), ("python3 -m sglang.launch_server", sys.executable),
+    ("/opt/sglang/bin/python -m sglang.launch_server", "/opt/sglang/bin/python"),
+    ("sglang serve", "sglang"),
+])
+def test_a_leading_python_is_the_interpreter_that_runs_compressor_2(config_for, given: str, runs: str):
+    # The `python` a shell finds first may lack sglang or compressor_2 (make run does not
+    # activate .venv); an explicit path or another program is left as written.
+    assert launch_command(dataclasses.replace(config_for(), sglang_command=given))[0] == runs
+
+
+@pytest.mark.parametrize("flags", [
+    "--speculative-algorithm EAGLE", "--speculative-algorithm=NGRAM", "--speculative-algo EAGLE3",
+    "--speculative-draft-model-path /models/draft", "--speculative-num-steps 3 --speculative-eagle-topk 1",
+])
+def test_speculative_decoding_in_the_command_is_refused(config_for, flags: str):
+    config = dataclasses.replace(config_for(), sglang_command=f"python -m sglang.launch_server {flags}")
+    with pytest.raises(ConfigError, match=r"^CONFIG_SGLANG_COMMAND has --speculative-\S+: .*unsteered") as raised:
+        launch_command(config)
+    assert "\n" not in str(raised.value)
+
+
+def test_a_command_serving_another_model_is_refused_unless_allowed(config_for):
+    config = dataclasses.replace(config_for(), sglang_command="python -m sglang.launch_server --model /models/other")
+    with pytest.raises(ConfigError, match=r"--model-path '/models/other' but CONFIG_MODEL_PATH=.*no_model"):
+        launch_command(config)
+    allowed = launch_command(dataclasses.replace(config, sglang_allow_other_model=True))
+    assert allowed[allowed.index("--model") + 1] == "/models/other" and "--model-path" not in allowed
+
+
+SPECULATIVE_CONFIG = """CONFIG_ENGINE_TRANSFORMERS=n
+CONFIG_ENGINE_SGLANG=y
+CONFIG_SGLANG_COMMAND="python -m sglang.launch_server --speculative-algorithm EAGLE"
+CONFIG_OUTPUT_DIR="{out}"
+"""
+
+
+def test_a_config_naming_speculative_decoding_fails_before_any_work(tmp_path: Path):
+    config = tmp_path / "spec.config"
+    config.write_text((REPO / "defconfig").read_text() + SPECULATIVE_CONFIG.format(out=tmp_path / "run"))
+    done = subprocess.run([sys.executable, "-m", "compressor_2", "evolve", "--config", str(config)],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "--speculative-algorithm" in done.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_launch_command_binds_all_interfaces_only_when_allowed(config_for):

@@ -56,6 +56,7 @@ class Config:
     sglang_urls: tuple[str, ...]
     sglang_port: int
     sglang_allow_remote: bool
+    sglang_allow_other_model: bool
     sglang_startup_timeout: float
     sglang_poll_interval: float
     sglang_request_timeout: float
@@ -245,6 +246,7 @@ def _build(r: Reader) -> Config:
         sglang_urls=urls,
         sglang_port=r.integer("SGLANG_PORT"),
         sglang_allow_remote=r.flag("SGLANG_ALLOW_REMOTE"),
+        sglang_allow_other_model=r.flag("SGLANG_ALLOW_OTHER_MODEL"),
         sglang_startup_timeout=float(r.integer("SGLANG_STARTUP_TIMEOUT")),
         sglang_poll_interval=positive("SGLANG_POLL_INTERVAL"),
         sglang_request_timeout=float(r.integer("SGLANG_REQUEST_TIMEOUT")),

@@ -3,13 +3,18 @@ every SGLang server address obeys, checked when the config loads.
 
 The server runs `dill.loads` on a request field while `--enable-custom-logit-processor`
 is on, so a launched server's --host, and every CONFIG_SGLANG_URLS host, must be loopback
-unless CONFIG_SGLANG_ALLOW_REMOTE=y. The functions take any object with the settings'
-names (`Config` has them), so this module stands below the one that defines `Config`.
+unless CONFIG_SGLANG_ALLOW_REMOTE=y. The command is also refused when it would silently
+stop the steering (speculative decoding) or serve another model than CONFIG_MODEL_PATH,
+and it gets --enable-deterministic-inference, which the answer cache relies on. The
+functions take any object with the settings' names (`Config` has them), so this module
+stands below the one that defines `Config`.
 """
 
 from __future__ import annotations
 
 import shlex
+import sys
+from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
 
@@ -17,6 +22,15 @@ from compressor_2.endpoint import TUNNEL_HINT, is_loopback
 from compressor_2.errors import ConfigError
 
 CUSTOM_PROCESSOR_FLAG = "--enable-custom-logit-processor"
+DETERMINISTIC_FLAG = "--enable-deterministic-inference"
+# Every --speculative-* flag (--speculative-algorithm, --speculative-draft-model-path, ...):
+# SGLang's EAGLE/NGRAM verification samples draft tokens without the custom logit
+# processor, so every token after an answer's first would go unsteered.
+SPECULATIVE_PREFIX = "--speculative"
+# A command starting with one of these runs on the interpreter that runs compressor_2: the
+# one that has compressor_2 (the processor travels by reference) and, after `make
+# install-gpu`, sglang. The `python` a shell finds first may have neither.
+_BARE_PYTHONS = ("python", "python3")
 _LOOPBACK = "127.0.0.1"
 
 
@@ -36,6 +50,9 @@ class SGLangSettings(Protocol):
     @property
     def model_path(self) -> str: ...
 
+    @property
+    def sglang_allow_other_model(self) -> bool: ...
+
 
 def check_addresses(config: SGLangSettings) -> None:
     """The one loopback rule, for launched and attached servers alike, checked before anything
@@ -50,6 +67,26 @@ def check_addresses(config: SGLangSettings) -> None:
                 f"CONFIG_SGLANG_URLS has {url}, which is not a loopback address (anyone who reaches the "
                 f"server can run code on it): {TUNNEL_HINT}, or set CONFIG_SGLANG_ALLOW_REMOTE=y if every "
                 "peer on that network is trusted")
+
+
+def same_model(served: str, configured: str) -> bool:
+    """Whether a server's model path names CONFIG_MODEL_PATH's model: the same string (a
+    trailing slash aside), or two paths to the same directory on this machine."""
+    if served.rstrip("/") == configured.rstrip("/"):
+        return True
+    a, b = Path(served).expanduser(), Path(configured).expanduser()
+    return a.is_dir() and b.is_dir() and a.resolve() == b.resolve()
+
+
+def check_model(served: str, config: SGLangSettings, subject: str) -> None:
+    """Refuse a server of another model unless CONFIG_SGLANG_ALLOW_OTHER_MODEL=y: prompts are
+    tokenized, and the cluster map built, with CONFIG_MODEL_PATH's tokenizer. `subject`
+    starts the line: "http://127.0.0.1:30000 serves", "CONFIG_SGLANG_COMMAND has --model-path"."""
+    if not (config.sglang_allow_other_model or same_model(served, config.model_path)):
+        raise ConfigError(
+            f"{subject} {served!r} but CONFIG_MODEL_PATH={config.model_path!r}: prompts and clusters "
+            "come from CONFIG_MODEL_PATH's tokenizer; serve that model, or set "
+            "CONFIG_SGLANG_ALLOW_OTHER_MODEL=y if both paths hold the same model")
 
 
 def option(command: list[str], flag: str) -> str | None:
@@ -68,7 +105,8 @@ def bind_host(config: SGLangSettings) -> str:
 
 def launch_command(config: SGLangSettings) -> list[str]:
     """CONFIG_SGLANG_COMMAND plus the flags this project relies on, each added only when
-    missing; a command that contradicts the config is refused rather than half-obeyed."""
+    missing; a command that contradicts the config, or would stop the steering, is refused
+    rather than half-obeyed. A leading `python` or `python3` becomes this interpreter."""
     try:
         command = shlex.split(config.sglang_command)
     except ValueError as exc:
@@ -76,6 +114,14 @@ def launch_command(config: SGLangSettings) -> list[str]:
             f"CONFIG_SGLANG_COMMAND={config.sglang_command!r} cannot be parsed: {exc}") from None
     if not command:
         raise ConfigError("CONFIG_SGLANG_COMMAND is empty")
+    if command[0] in _BARE_PYTHONS:
+        command[0] = sys.executable
+    speculative = next((arg for arg in command if arg.startswith(SPECULATIVE_PREFIX)), None)
+    if speculative is not None:
+        raise ConfigError(
+            f"CONFIG_SGLANG_COMMAND has {speculative.split('=', 1)[0]}: SGLang's speculative decoding "
+            "verifies draft tokens without calling the custom logit processor, so every token after "
+            "an answer's first would go unsteered; remove the --speculative-* flags")
 
     port = option(command, "--port")
     if port is None:
@@ -93,8 +139,15 @@ def launch_command(config: SGLangSettings) -> list[str]:
             f"CONFIG_SGLANG_COMMAND has --host {host}, which exposes the server (it runs code sent "
             "in requests); remove it, or set CONFIG_SGLANG_ALLOW_REMOTE=y if you really mean it"
         )
-    if option(command, "--model-path") is None:
+    model = option(command, "--model-path") or option(command, "--model")
+    if model is None:
         command += ["--model-path", config.model_path]
+    else:
+        check_model(model, config, "CONFIG_SGLANG_COMMAND has --model-path")
     if CUSTOM_PROCESSOR_FLAG not in command:
         command.append(CUSTOM_PROCESSOR_FLAG)
+    # Without it greedy answers depend on what a request is batched with: one genome could
+    # score differently in two batches, and the answer cache keeps whichever came first.
+    if DETERMINISTIC_FLAG not in command:
+        command.append(DETERMINISTIC_FLAG)
     return command

@@ -3,7 +3,7 @@ path costs nothing (and needs nothing) when the transformers engine is chosen.""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from compressor_2.engines.base import Engine, Generation, GenerationRequest, Progress
@@ -12,35 +12,39 @@ if TYPE_CHECKING:
     from compressor_2.clusters.build import ClusterSet
     from compressor_2.config import Config
 
-EngineFactory = Callable[["Config", "ClusterSet"], Engine]
+# (config, clusters, every prompt the run will send by example id) -> engine. The SGLang
+# engine checks the prompts against the served context before any work; the transformers
+# engine checks each call's prompts against the model it holds.
+EngineFactory = Callable[["Config", "ClusterSet", Mapping[str, str]], Engine]
 
 
-def _transformers(config: Config, clusters: ClusterSet) -> Engine:
+def _transformers(config: Config, clusters: ClusterSet, prompts: Mapping[str, str]) -> Engine:
     from compressor_2.engines.transformers_engine import TransformersEngine
 
+    del prompts
     return TransformersEngine.from_config(config, clusters)
 
 
-def _sglang(config: Config, clusters: ClusterSet) -> Engine:
+def _sglang(config: Config, clusters: ClusterSet, prompts: Mapping[str, str]) -> Engine:
     from compressor_2.engines.sglang_engine import SGLangEngine
 
-    return SGLangEngine.from_config(config, clusters)
+    return SGLangEngine.from_config(config, clusters, prompts=prompts)
 
 
 ENGINES: dict[str, EngineFactory] = {"transformers": _transformers, "sglang": _sglang}
 
 
-def make_engine(config: Config, clusters: ClusterSet) -> Engine:
-    """The configured engine, ready to generate; the caller closes it."""
-    return ENGINES[config.engine](config, clusters)
+def make_engine(config: Config, clusters: ClusterSet, prompts: Mapping[str, str] | None = None) -> Engine:
+    """The configured engine, ready to generate `prompts` (by example id); the caller closes it."""
+    return ENGINES[config.engine](config, clusters, prompts or {})
 
 
 class LazyEngine:
     """Makes the configured engine on the first `generate`: a resumed run whose answers
     are all in the archive, or one stopped by its budget, never loads the model."""
 
-    def __init__(self, config: Config, clusters: ClusterSet) -> None:
-        self._factory = lambda: make_engine(config, clusters)
+    def __init__(self, config: Config, clusters: ClusterSet, prompts: Mapping[str, str] | None = None) -> None:
+        self._factory = lambda: make_engine(config, clusters, prompts)
         self._engine: Engine | None = None
 
     def generate(self, requests: Sequence[GenerationRequest], progress: Progress | None = None) -> list[Generation]:

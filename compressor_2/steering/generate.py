@@ -31,7 +31,9 @@ Cluster map: embedded, {vocab:,} tokens, build fingerprint {fingerprint}.
 Needs only torch (and dill on the client that makes the request string).
 
 Server: start SGLang with --enable-custom-logit-processor (bound to 127.0.0.1: the
-server unpickles this string, so whoever reaches the port can run code).
+server unpickles this string, so whoever reaches the port can run code) and
+--enable-deterministic-inference, without --speculative-* flags (speculative decoding
+never calls this processor after an answer's first token).
 
 The request string (`custom_logit_processor`), either way:
   by value     `python {name}.py > processor.txt`: the class itself travels; the

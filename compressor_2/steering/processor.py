@@ -15,6 +15,12 @@ class; here both are empty, so such rows stay unsteered.
 It never raises: an exception inside a processor kills the SGLang server. A row with
 bad params is left unchanged and the problem is logged once per server process.
 
+A step costs one gather and one add on the logits' device: each distinct delta list
+becomes a small tensor there once, kept in a bounded LRU cache on the class (SGLang
+makes a new instance for every batch), so no step builds a Python matrix or copies
+from host memory to the GPU (a pageable copy would also stall the host until the GPU
+catches up).
+
 The class is self-contained on purpose (imports inside methods, state on the class,
 the arithmetic in `apply_bias`), so the same source also works pickled by value:
 dill sends the class and what its methods reference, never this module's globals.
@@ -46,8 +52,12 @@ class SteeringProcessor:
     # "<torch dtype>:<base64 of zlib of the little-endian id array>", see encode_cluster_map.
     default_cluster_map: str = ""
     fingerprint_file: str = FINGERPRINT_FILE
-    # Class-level on purpose: SGLang makes a new instance per request.
+    # Distinct delta lists kept on the device: a few bytes each, far more than one
+    # generation of a run sends.
+    cache_size: int = 4096
+    # Class-level on purpose: SGLang makes a new instance per batch.
     _maps: dict = {}
+    _rows: dict = {}  # (map, device, dtype, deltas) -> deltas tensor, or None when all zero; LRU order
     _warned: set = set()
 
     def __call__(self, logits: Any, custom_param_list: Sequence[Any] | None = None) -> Any:
@@ -66,9 +76,10 @@ class SteeringProcessor:
         `recurse` sends only the globals the methods use, such as `apply_bias`."""
         import dill
 
-        # By value the class attributes travel too: send an empty cache, not the
+        # By value the class attributes travel too: send empty caches, not the
         # tensors this process may have loaded (they reload on first use).
         cls._maps.clear()
+        cls._rows.clear()
         return json.dumps({"callable": dill.dumps(cls, recurse=True).hex()})
 
     @classmethod
@@ -88,48 +99,43 @@ class SteeringProcessor:
         if len(params_list) != rows:
             cls._warn_once(f"{len(params_list)} custom_params for {rows} logit rows: batch left unchanged")
             return logits
-        groups: dict[Any, dict[int, list[float]]] = {}
+        groups: dict[Any, dict[int, Any]] = {}
         for row, params in enumerate(params_list):
             plan = cls._row_plan(params)
             if plan is not None:
                 groups.setdefault(plan[0], {})[row] = plan[1]
+        place = (str(logits.device), logits.dtype)
         for key, row_deltas in groups.items():
             loaded = cls._cluster_map(key, logits.device)
             if loaded is None:
                 continue
             clusters, needed = loaded
-            usable = {}
+            steered = {}
             for row, deltas in row_deltas.items():
-                if len(deltas) < needed:
-                    cls._warn_once(f"{len(deltas)} deltas for a cluster map with {needed} clusters: "
-                                   "row left unchanged")
-                else:
-                    usable[row] = deltas
-            if not usable:
-                continue
-            width = max(len(d) for d in usable.values())
-            matrix = [[0.0] * width for _ in range(rows)]
-            for row, deltas in usable.items():
-                matrix[row][: len(deltas)] = deltas
-            apply_bias(logits, torch.tensor(matrix, dtype=logits.dtype), clusters)
+                vector = cls._deltas_row(key, place, deltas, needed, logits)
+                if vector is not None:
+                    steered[row] = vector
+            if not steered:
+                continue  # all zero (or unusable): nothing to add
+            zero = cls._zero_row(key, place, needed, logits) if len(steered) < rows else None
+            apply_bias(logits, torch.stack([steered.get(row, zero) for row in range(rows)]), clusters)
         return logits
 
     @classmethod
-    def _row_plan(cls, params: Any) -> tuple[Any, list[float]] | None:
-        """(cluster map key, deltas) for one row, or None to leave the row unchanged."""
+    def _row_plan(cls, params: Any) -> tuple[Any, Any] | None:
+        """(cluster map key, deltas) for one row, or None to leave the row unchanged. The
+        deltas themselves are checked once per distinct list, in `_deltas_row`."""
         if params is None:
             params = {}
         if not isinstance(params, dict):
             cls._warn_once(f"custom_params is a {type(params).__name__}, not a dict: row left unchanged")
             return None
         deltas = params.get("deltas", cls.default_deltas)
-        if not isinstance(deltas, (list, tuple)) or not all(
-            isinstance(d, (int, float)) and not isinstance(d, bool) and math.isfinite(d) for d in deltas
-        ):
+        if not isinstance(deltas, (list, tuple)):
             cls._warn_once("custom_params['deltas'] is not a list of finite numbers: row left unchanged")
             return None
-        if not any(deltas):
-            return None  # all zero (or none): the unsteered row needs no work
+        if not deltas:
+            return None  # none: the unsteered row needs no work
         path = params.get("token_clusters")
         if path is None:
             key: Any = ("embedded", cls.default_cluster_map)
@@ -138,7 +144,55 @@ class SteeringProcessor:
         else:
             cls._warn_once("custom_params['token_clusters'] is not a path string: row left unchanged")
             return None
-        return key, [float(d) for d in deltas]
+        return key, deltas
+
+    @classmethod
+    def _deltas_row(cls, key: Any, place: tuple, deltas: Any, needed: int, logits: Any) -> Any:
+        """The row's first `needed` deltas as a tensor on the logits' device and dtype, made
+        once per distinct list and kept in the class's LRU cache; None for a row that adds
+        nothing (all zero) or cannot be used (logged once, and not cached)."""
+        rows = cls._rows
+        try:
+            cache_key = (key, place, tuple(deltas))
+            vector = rows.pop(cache_key, rows)  # `rows` itself marks a miss
+        except TypeError:  # a list holding lists or dicts: unhashable
+            cls._warn_once("custom_params['deltas'] is not a list of finite numbers: row left unchanged")
+            return None
+        if vector is rows:
+            vector = cls._new_deltas_row(cache_key[2], needed, logits)
+            if vector is False:
+                return None
+            while len(rows) >= cls.cache_size:
+                del rows[next(iter(rows))]  # the least recently used
+        rows[cache_key] = vector  # (re)inserted last: the most recently used
+        return vector
+
+    @classmethod
+    def _new_deltas_row(cls, deltas: tuple, needed: int, logits: Any) -> Any:
+        """A cache entry: the tensor, None (all zero), or False (unusable)."""
+        import torch
+
+        if not all(isinstance(d, (int, float)) and not isinstance(d, bool) and math.isfinite(d) for d in deltas):
+            cls._warn_once("custom_params['deltas'] is not a list of finite numbers: row left unchanged")
+            return False
+        if len(deltas) < needed:
+            cls._warn_once(f"{len(deltas)} deltas for a cluster map with {needed} clusters: row left unchanged")
+            return False
+        if not any(deltas):
+            return None
+        # This list's one host-to-device copy; deltas past `needed` name no cluster of the map.
+        return torch.tensor([float(d) for d in deltas[:needed]], dtype=logits.dtype, device=logits.device)
+
+    @classmethod
+    def _zero_row(cls, key: Any, place: tuple, needed: int, logits: Any) -> Any:
+        """The row an unsteered row of a steered batch adds, made on the device itself."""
+        import torch
+
+        zero_key = (key, place, None)
+        zero = cls._rows.get(zero_key)
+        if zero is None:
+            zero = cls._rows[zero_key] = torch.zeros(needed, dtype=logits.dtype, device=logits.device)
+        return zero
 
     @classmethod
     def _cluster_map(cls, key: Any, device: Any) -> tuple[Any, int] | None:

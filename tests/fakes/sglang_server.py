@@ -2,28 +2,49 @@
 native HTTP protocol on the host and port it is given.
 
     python tests/fakes/sglang_server.py --model-path DIR --port N --host 127.0.0.1 \
-        --enable-custom-logit-processor [--fake-... failure modes]
+        --enable-custom-logit-processor [real SGLang flags] [--fake-... options]
 
-Endpoints: GET /health and /health_generate (503 while "starting"), POST /generate
-({"text" or "input_ids", "custom_logit_processor", "sampling_params"} -> {"text", "meta_info"}), and
-GET /fake_stats for the tests (request counts, most requests in flight at once).
+It behaves like SGLang 0.5.23 where this project depends on it (tests/
+test_sglang_contract.py checks those parts against SGLang's own code):
 
-It loads `custom_logit_processor` exactly as SGLang does (json -> dill.loads of the
-hex string, one cached class per string, a new instance per request) and calls it on
-float32 logits, one row with that request's `custom_params` (plus the `"__req__"` key
-SGLang adds), logits wider than the tokenizer's vocabulary. An exception in the
-processor kills the server, as in SGLang. The "model" is a deterministic toy over the
-tokenizer in --model-path: fixed random logits per (prompt, position), with an EOS logit
-that rises with the position, so a positive EOS delta ends answers earlier.
+- POST /generate ({"input_ids" or "text", "custom_logit_processor", "sampling_params"}
+  -> {"text", "output_ids", "meta_info"}). `sampling_params` passes SGLang's contract
+  gate (an unknown field or a wrongly typed one is a 400 naming it), is merged over
+  --preferred-sampling-params, and is honoured where the toy model can: max_new_tokens,
+  min_new_tokens, ignore_eos, temperature and top_k (temperature 0 is greedy).
+- A prompt plus max_new_tokens past the context (--context-length, else the model's
+  config) is a 400 with SGLang's messages; the scheduler's silent cut of max_new_tokens
+  to context - 2 - prompt happens too.
+- One scheduler thread decodes every running request together, a step at a time. At
+  each step the rows are grouped by their exact processor string and each group's
+  processor (SGLang's `from_str`: json -> dill.loads, one cached class per string, a new
+  instance per call) is called once, on a copy of the group's rows, with one
+  custom_params entry per row (None without params; a dict gets SGLang's "__req__"), and
+  its result copied back. Logits are float32 and wider than the tokenizer's vocabulary.
+  An exception in a processor, or a string that fails to load, kills the server, as in
+  SGLang. With --speculative-algorithm (or --fake-steer-first-token-only, which does not
+  say so) only an answer's first token goes through the processor, as in SGLang's
+  EAGLE/NGRAM verification.
+- GET /health, /health_generate (503 while "starting"), /server_info and
+  /get_server_info (the flags: speculative_algorithm, enable_deterministic_inference,
+  context_length, ...), /model_info and /get_model_info (model_path as given,
+  preferred_sampling_params), /v1/models (max_model_len).
+- For the tests: GET /fake_stats (request counts, requests in flight, processor calls
+  and rows per call) and --fake-request-log FILE (one JSON line per POST).
 
-Readiness does not wait for torch (a 3 s import here): the toy model loads at the
-first /generate, so start-up tests stay well under a second and need no model.
+The "model" is a deterministic toy over the tokenizer in --model-path: fixed random
+logits per (prompt, position), with an EOS logit that rises with the position, so a
+positive EOS delta ends answers earlier; answers do not depend on batching. Readiness
+does not wait for torch (a 3 s import here): the toy model loads at the first request
+that needs it, so start-up tests stay well under a second. Several instances on
+different ports are independent processes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import socket
@@ -32,7 +53,9 @@ import sys
 import threading
 import time
 import traceback
+import uuid
 import zlib
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -42,26 +65,50 @@ FLAG_MISSING = ("The server is not configured to enable custom logit processor. 
                 "Please set `--enable-custom-logit-processor` to enable this feature.")
 EOS_START = -4.0  # the EOS logit at position 0; other logits lie in [0, 4)
 EOS_SLOPE = 0.5   # ... rising by this per position: unsteered answers end near position 16
+# The fields of SGLang's /generate `sampling_params` (sglang.api.v1.api_types.SamplingParams,
+# in its order; the contract test compares this tuple with SGLang's own) by JSON type.
+SAMPLING_FIELDS: dict[str, str] = {
+    "max_new_tokens": "i64", "stop": "any", "stop_token_ids": "any", "stop_regex": "any",
+    "temperature": "f64", "top_p": "f64", "top_k": "i64", "min_p": "f64",
+    "frequency_penalty": "f64", "presence_penalty": "f64", "repetition_penalty": "f64",
+    "min_new_tokens": "i64", "n": "i64", "json_schema": "any", "regex": "any", "ebnf": "any",
+    "structural_tag": "any", "ignore_eos": "a boolean", "skip_special_tokens": "a boolean",
+    "spaces_between_special_tokens": "a boolean", "no_stop_trim": "a boolean", "stream_interval": "i64",
+    "logit_bias": "any", "sampling_seed": "i64", "custom_params": "any", "beam_width": "i64",
+    "watermark": "any", "choice": "any",
+}
+TOP_K_ALL = 1 << 30
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model-path", required=True)
+    parser.add_argument("--model-path", "--model", required=True)
+    parser.add_argument("--served-model-name", default=None)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--enable-custom-logit-processor", action="store_true")
+    parser.add_argument("--enable-deterministic-inference", action="store_true")
+    parser.add_argument("--speculative-algorithm", default=None)
+    parser.add_argument("--context-length", type=int, default=None)
+    parser.add_argument("--preferred-sampling-params", default=None, help="a JSON object")
     parser.add_argument("--fake-start-delay", type=float, default=0.0, help="503 for this long")
     parser.add_argument("--fake-never-ready", action="store_true")
     parser.add_argument("--fake-no-health-generate", action="store_true", help="an old SGLang: /health only")
+    parser.add_argument("--fake-info-endpoints", choices=("all", "old", "none"), default="all",
+                        help="old: only /get_server_info and /get_model_info; none: neither kind")
     parser.add_argument("--fake-exit-during-startup", type=int, default=None, metavar="CODE")
     parser.add_argument("--fake-crash-after", type=int, default=None, metavar="N",
                         help="die abruptly when request N+1 arrives")
     parser.add_argument("--fake-crash-marker", type=Path, default=None,
                         help="crash only while this file does not exist (created when crashing)")
     parser.add_argument("--fake-generate-delay", type=float, default=0.0, help="seconds per request")
+    parser.add_argument("--fake-step-delay", type=float, default=0.0, help="seconds per decode step")
+    parser.add_argument("--fake-steer-first-token-only", action="store_true",
+                        help="apply processors to an answer's first token only, and not say so")
+    parser.add_argument("--fake-request-log", type=Path, default=None, help="append each POST as a JSON line")
     parser.add_argument("--fake-ignore-sigterm", action="store_true")
     parser.add_argument("--fake-child", action="store_true", help="spawn a worker process in the group")
-    # Real SGLang flags (--mem-fraction-static ...) pass through the launch command.
+    # Other real SGLang flags (--mem-fraction-static ...) pass through the launch command.
     args, _unknown = parser.parse_known_args(argv)
     return args
 
@@ -75,47 +122,201 @@ class ToyModel:
 
         self.torch = torch
         self.tokenizer = Tokenizer.from_file(str(Path(model_path) / "tokenizer.json"))
-        config = json.loads((Path(model_path) / "config.json").read_text())
+        self.config = json.loads((Path(model_path) / "config.json").read_text())
         self.vocab = self.tokenizer.get_vocab_size()
-        self.eos = int(config["eos_token_id"])
-        self.pad = config.get("pad_token_id")
+        self.eos = int(self.config["eos_token_id"])
+        self.pad = self.config.get("pad_token_id")
         # Like real checkpoints, logits are wider than the tokenizer's vocabulary.
         self.width = (self.vocab // 64 + 1) * 64
 
-    def logits(self, text: str, position: int) -> Any:
+    def logits(self, key: str, position: int) -> Any:
         torch = self.torch
-        generator = torch.Generator().manual_seed(zlib.crc32(text.encode()) * 1009 + position)
+        generator = torch.Generator().manual_seed(zlib.crc32(key.encode()) * 1009 + position)
         row = torch.rand(self.width, generator=generator, dtype=torch.float32) * 4.0
         row[self.vocab:] = -30.0
         if self.pad is not None:
             row[self.pad] = -30.0
         row[self.eos] = EOS_START + EOS_SLOPE * position
-        return row.unsqueeze(0)
+        return row
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text).ids
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def prompt_tokens(self, text: str) -> int:
-        return len(self.tokenizer.encode(text).ids)
+
+def model_context(model_path: str) -> int:
+    """The context SGLang derives from the model's config when --context-length is not given."""
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    for name in ("max_position_embeddings", "n_positions", "max_seq_len"):
+        if name in config:
+            return int(config[name])
+    return 2048
+
+
+def sampling_error(sampling: Any) -> str | None:
+    """SGLang's contract gate on `sampling_params`, in its own words."""
+    if not isinstance(sampling, dict):  # (a list is a batch's: this fake serves single requests)
+        return f"invalid type: {_serde_kind(sampling)}, expected a value or an array of values for SamplingParamsOrList"
+    for name, value in sampling.items():
+        kind = SAMPLING_FIELDS.get(name)
+        if kind is None:
+            expected = ", ".join(f"`{n}`" for n in SAMPLING_FIELDS)
+            return f"unknown field `{name}`, expected one of {expected}"
+        if value is None or kind == "any":
+            continue
+        ok = {"f64": isinstance(value, (int, float)) and not isinstance(value, bool),
+              "i64": isinstance(value, int) and not isinstance(value, bool),
+              "a boolean": isinstance(value, bool)}[kind]
+        if not ok:
+            return f"invalid type: {_serde_kind(value)}, expected {kind}"
+    return None
+
+
+def _serde_kind(value: Any) -> str:
+    """How the gate's decoder names a JSON value of the wrong type."""
+    if isinstance(value, str):
+        return f"string {json.dumps(value)}"
+    if isinstance(value, bool):
+        return f"boolean `{json.dumps(value)}`"
+    if isinstance(value, float):
+        return f"floating point `{value}`"
+    if isinstance(value, int):
+        return f"integer `{value}`"
+    return "sequence" if isinstance(value, list) else "map"
+
+
+def context_error(input_tokens: int, max_new_tokens: int | None, context: int) -> str | None:
+    """SGLang's tokenizer manager (_validate_one_request): the 400 of a request past the context."""
+    if input_tokens >= context:
+        return (f"The input ({input_tokens} tokens) is longer than the model's context length "
+                f"({context} tokens).")
+    if max_new_tokens is not None and max_new_tokens + input_tokens > context:
+        return (f"Requested token count exceeds the model's maximum context length of {context} tokens. "
+                f"You requested a total of {max_new_tokens + input_tokens} tokens: {input_tokens} tokens "
+                f"from the input messages and {max_new_tokens} tokens for the completion. Please reduce "
+                "the number of tokens in the input messages or the completion to fit within the limit.")
+    return None
 
 
 class SGLangRequest:
-    """Stands for SGLang's `Req`, which the server puts into dict custom_params."""
+    """Stands for SGLang's `Req`, which the server adds to dict custom_params as "__req__"."""
+
+    def __init__(self, rid: str, input_ids: list[int]) -> None:
+        self.rid = rid
+        self.origin_input_ids = list(input_ids)
+
+
+@dataclass
+class Running:
+    """One request in the scheduler."""
+
+    rid: str
+    key: str  # the toy model's logits depend on the prompt only through this
+    max_new_tokens: int
+    min_new_tokens: int
+    ignore_eos: bool
+    temperature: float
+    top_k: int
+    processor: str | None
+    params: Any
+    generator: Any
+    output: list[int] = field(default_factory=list)
+    finish: dict[str, Any] | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class Scheduler:
+    """SGLang's scheduler, as far as the steering sees it: one thread, every running
+    request decoded together, processors grouped by their exact string."""
+
+    def __init__(self, server: FakeServer) -> None:
+        self.server = server
+        self.waiting: list[Running] = []
+        self.running: list[Running] = []
+        self.ready = threading.Condition()
+        threading.Thread(target=self._loop, name="scheduler", daemon=True).start()
+
+    def submit(self, request: Running) -> None:
+        with self.ready:
+            self.waiting.append(request)
+            self.ready.notify()
+        request.done.wait()
+
+    def _loop(self) -> None:
+        while True:
+            with self.ready:
+                while not (self.waiting or self.running):
+                    self.ready.wait()
+                self.running += self.waiting
+                self.waiting = []
+            try:
+                self._step()
+            except Exception:  # noqa: BLE001 - SGLang's scheduler dies here too
+                traceback.print_exc()
+                sys.stdout.flush()
+                os._exit(1)
+            time.sleep(self.server.args.fake_step_delay)
+
+    def _step(self) -> None:
+        model = self.server.model()
+        torch = model.torch
+        rows = self.running
+        logits = torch.stack([model.logits(r.key, len(r.output)) for r in rows])
+        groups: dict[str, list[int]] = {}
+        first_only = self.server.args.speculative_algorithm or self.server.args.fake_steer_first_token_only
+        for i, r in enumerate(rows):
+            if r.processor is not None and not (first_only and r.output):
+                groups.setdefault(r.processor, []).append(i)
+        for spec, group in groups.items():
+            indices = torch.tensor(group)
+            selected = logits.index_select(0, indices)
+            result = self.server.load_processor(spec)()(selected, [rows[i].params for i in group])
+            logits.index_copy_(0, indices, result.to(logits.dtype))
+            self.server.count_call(len(group))
+        for i, r in enumerate(rows):
+            token = self._sample(model, logits[i], r)
+            r.output.append(token)
+            if token == model.eos and not r.ignore_eos and len(r.output) > r.min_new_tokens:
+                r.finish = {"type": "stop", "matched": token}
+            elif len(r.output) >= r.max_new_tokens:
+                r.finish = {"type": "length", "length": r.max_new_tokens}
+        self.running = [r for r in rows if r.finish is None]
+        for r in rows:
+            if r.finish is not None:
+                r.done.set()
+
+    @staticmethod
+    def _sample(model: ToyModel, row: Any, r: Running) -> int:
+        torch = model.torch
+        if len(r.output) < r.min_new_tokens and not r.ignore_eos:
+            row = row.clone()
+            row[model.eos] = -math.inf
+        if r.temperature < 1e-6 or r.top_k == 1:  # SGLang: greedy
+            return int(torch.argmax(row))
+        scaled = row / r.temperature
+        if r.top_k < scaled.shape[0]:
+            kth = torch.topk(scaled, r.top_k).values[-1]
+            scaled = scaled.masked_fill(scaled < kth, -math.inf)
+        return int(torch.multinomial(torch.softmax(scaled, -1), 1, generator=r.generator))
 
 
 class FakeServer:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.started = time.monotonic()
+        self.preferred = json.loads(args.preferred_sampling_params) if args.preferred_sampling_params else {}
         self._model: ToyModel | None = None
         self._model_lock = threading.Lock()
         self.lock = threading.Lock()
-        # SGLang runs every forward pass and processor call in one scheduler thread.
-        self.scheduler = threading.Lock()
         self.processors: dict[str, type] = {}
         self.generate_requests = 0
         self.in_flight = 0
         self.max_in_flight = 0
+        self.processor_calls = 0
+        self.max_rows_per_call = 0
+        self.scheduler = Scheduler(self)
 
     def model(self) -> ToyModel:
         with self._model_lock:
@@ -123,14 +324,48 @@ class FakeServer:
                 self._model = ToyModel(self.args.model_path)
             return self._model
 
+    @property
+    def context(self) -> int:
+        """Read when first needed: start-up tests run without a model directory."""
+        return self.args.context_length or model_context(self.args.model_path)
+
     def starting(self) -> bool:
         return self.args.fake_never_ready or time.monotonic() - self.started < self.args.fake_start_delay
 
     def stats(self) -> dict[str, Any]:
         with self.lock:
             return {"generate_requests": self.generate_requests, "max_in_flight": self.max_in_flight,
-                    "processor_strings": len(self.processors), "host": self.args.host,
+                    "processor_strings": len(self.processors), "processor_calls": self.processor_calls,
+                    "max_rows_per_call": self.max_rows_per_call, "host": self.args.host,
                     "port": self.args.port, "pid": os.getpid()}
+
+    def count_call(self, rows: int) -> None:
+        with self.lock:
+            self.processor_calls += 1
+            self.max_rows_per_call = max(self.max_rows_per_call, rows)
+
+    def server_info(self) -> dict[str, Any]:
+        args = self.args
+        max_req_len = self.context - 1
+        return {"model_path": args.model_path, "host": args.host, "port": args.port,
+                "speculative_algorithm": args.speculative_algorithm,
+                "enable_deterministic_inference": args.enable_deterministic_inference,
+                "enable_custom_logit_processor": args.enable_custom_logit_processor,
+                "context_length": args.context_length,
+                "preferred_sampling_params": args.preferred_sampling_params,
+                "max_req_input_len": max_req_len - 5, "max_total_num_tokens": 1 << 20,
+                "launch_command": " ".join(sys.argv), "version": "fake", "frontend": "python"}
+
+    def model_info(self) -> dict[str, Any]:
+        return {"model_path": self.args.model_path,
+                "served_model_name": self.args.served_model_name or self.args.model_path,
+                "tokenizer_path": self.args.model_path, "is_generation": True,
+                "preferred_sampling_params": self.args.preferred_sampling_params}
+
+    def models(self) -> dict[str, Any]:
+        name = self.args.served_model_name or self.args.model_path
+        return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "sglang",
+                                            "root": name, "max_model_len": self.context}]}
 
     def load_processor(self, spec: str) -> type:
         """SGLang's CustomLogitProcessor.from_str: the class is cached per string forever."""
@@ -171,68 +406,87 @@ class FakeServer:
         os._exit(3)
 
     def _generate(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        sampling = body.get("sampling_params") or {}
+        problem = sampling_error(sampling)
+        if problem is not None:
+            return 400, {"error": problem}  # the contract gate's shape: a bare string
         spec = body.get("custom_logit_processor")
         if spec is not None and not self.args.enable_custom_logit_processor:
             return 400, {"error": {"message": FLAG_MISSING}}
         text, input_ids = body.get("text"), body.get("input_ids")
-        ids_given = isinstance(input_ids, list) and all(isinstance(i, int) for i in input_ids)
-        if not ids_given and not isinstance(text, str):
-            return 400, {"error": {"message": "text or input_ids is required"}}
-        sampling = body.get("sampling_params") or {}
-        max_new_tokens = int(sampling.get("max_new_tokens", 128))
-        params = sampling.get("custom_params")
-        if isinstance(params, dict):
-            params = {**params, "__req__": SGLangRequest()}
+        if not (isinstance(input_ids, list) and all(isinstance(i, int) for i in input_ids)):
+            if not isinstance(text, str):
+                return 400, {"error": {"message": "text or input_ids is required"}}
+            input_ids = None
         time.sleep(self.args.fake_generate_delay)
         model = self.model()
-        # The toy model's logits depend on the prompt only through this key.
-        prompt = " ".join(map(str, input_ids)) if ids_given else text
-        processor = self.load_processor(spec)() if spec is not None else None
-        with self.scheduler:
-            output, finish = self._decode(model, prompt, max_new_tokens, processor, params)
+        ids = input_ids if input_ids is not None else model.encode(text)
+        merged = {**self.preferred, **sampling}
+        max_new = merged.get("max_new_tokens")
+        problem = context_error(len(ids), max_new, self.context)
+        if problem is not None:
+            return 400, {"error": {"message": problem}}
+        max_new = 128 if max_new is None else max_new
+        # The scheduler's silent cut: max_req_len = context - 1, minus one more.
+        max_new = max(0, min(max_new, (self.context - 1) - len(ids) - 1))
+        rid = body.get("rid") or uuid.uuid4().hex
+        params = merged.get("custom_params")
+        if spec is not None and isinstance(params, dict):
+            params = {**params, "__req__": SGLangRequest(rid, ids)}
+        temperature = merged.get("temperature")
+        top_k = merged.get("top_k")
+        seed = merged.get("sampling_seed")
+        generator = model.torch.Generator().manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4)))
+        request = Running(
+            rid=rid, key=" ".join(map(str, input_ids)) if input_ids is not None else text,
+            max_new_tokens=max_new, min_new_tokens=merged.get("min_new_tokens") or 0,
+            ignore_eos=bool(merged.get("ignore_eos")),
+            temperature=1.0 if temperature is None else float(temperature),
+            top_k=TOP_K_ALL if top_k in (None, -1) else int(top_k),
+            processor=spec, params=params, generator=generator)
+        if max_new > 0:
+            self.scheduler.submit(request)
+        else:
+            request.finish = {"type": "length", "length": 0}
         return 200, {
-            "text": model.decode([t for t in output if t != model.eos]),
-            "meta_info": {"prompt_tokens": len(input_ids) if ids_given else model.prompt_tokens(text),
-                          "completion_tokens": len(output), "finish_reason": finish},
+            "text": model.decode([t for t in request.output if t != model.eos]),
+            "output_ids": request.output,
+            "meta_info": {"id": rid, "prompt_tokens": len(ids), "completion_tokens": len(request.output),
+                          "finish_reason": request.finish},
         }
 
-    @staticmethod
-    def _decode(model: ToyModel, text: str, max_new_tokens: int, processor: Any,
-                params: Any) -> tuple[list[int], dict[str, Any]]:
-        output: list[int] = []
-        for position in range(max_new_tokens):
-            logits = model.logits(text, position)
-            if processor is not None:
-                try:
-                    logits = processor(logits, [params])
-                except Exception:  # noqa: BLE001 - SGLang's scheduler dies here too
-                    traceback.print_exc()
-                    sys.stdout.flush()
-                    os._exit(1)
-            token = int(model.torch.argmax(logits[0]))
-            output.append(token)
-            if token == model.eos:
-                return output, {"type": "stop", "matched": token}
-        return output, {"type": "length", "length": max_new_tokens}
+    def log_request(self, path: str, body: Any) -> None:
+        if self.args.fake_request_log is not None:
+            with self.lock, self.args.fake_request_log.open("a", encoding="utf-8") as log:
+                log.write(json.dumps({"path": path, "body": body}) + "\n")
 
 
 def make_handler(server: FakeServer) -> type[BaseHTTPRequestHandler]:
+    info_paths = {"all": ("/server_info", "/get_server_info", "/model_info", "/get_model_info"),
+                  "old": ("/get_server_info", "/get_model_info"), "none": ()}[server.args.fake_info_endpoints]
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, like uvicorn
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-            if self.path == "/fake_stats":
+            path = self.path
+            if path == "/fake_stats":
                 self._reply(200, server.stats())
-            elif self.path == "/health_generate" and server.args.fake_no_health_generate:
+            elif path == "/health_generate" and server.args.fake_no_health_generate:
                 self._reply(404, {"detail": "Not Found"})
-            elif self.path in ("/health", "/health_generate"):
+            elif path in ("/health", "/health_generate"):
                 self._reply(503 if server.starting() else 200, None)
+            elif path in info_paths:
+                self._reply(200, server.server_info() if path.endswith("server_info") else server.model_info())
+            elif path == "/v1/models":
+                self._reply(200, server.models())
             else:
                 self._reply(404, {"detail": "Not Found"})
 
         def do_POST(self) -> None:  # noqa: N802
             length = int(self.headers.get("Content-Length", 0))
             body = json.loads(self.rfile.read(length) or b"{}")
+            server.log_request(self.path, body)
             if self.path != "/generate":
                 self._reply(404, {"detail": "Not Found"})
             elif server.starting():
@@ -274,6 +528,7 @@ def main(argv: list[str]) -> None:
     server = FakeServer(args)
     # As SGLang's own server does, an IPv6 host such as ::1 gets an IPv6 socket.
     server_class = IPv6HTTPServer if ":" in args.host else ThreadingHTTPServer
+    server_class.daemon_threads = True
     httpd = server_class((args.host, args.port), make_handler(server))
     httpd.serve_forever()
 

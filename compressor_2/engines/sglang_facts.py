@@ -1,0 +1,152 @@
+"""What an SGLang server says about itself, read before any work, and what it must be for
+a run: no speculative decoding (its verification never calls the custom logit processor),
+deterministic inference (the answer cache assumes a genome's answer does not depend on
+its batch), the model of CONFIG_MODEL_PATH, no preferred sampling field a request leaves
+to the server, and the context every prompt must fit in.
+
+Read from `/server_info` and `/model_info` (their `/get_*` names on older servers) and
+`/v1/models`, as SGLang 0.5.23 answers them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from compressor_2.config.sglang import SGLangSettings, check_model
+from compressor_2.errors import ConfigError, RunError
+
+logger = logging.getLogger(__name__)
+
+# Every /generate sampling field that changes an answer besides temperature, max_new_tokens
+# and custom_params, at SGLang's neutral value. SGLang fills a field a request leaves out
+# from the server's --preferred-sampling-params, so every request states all of these.
+STATED_SAMPLING: dict[str, Any] = {
+    "top_p": 1.0, "top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
+    "repetition_penalty": 1.0, "min_new_tokens": 0, "ignore_eos": False, "stop": None,
+    "stop_token_ids": None, "no_stop_trim": False, "skip_special_tokens": True,
+    "spaces_between_special_tokens": True,
+}
+# Sampling fields that change an answer but that requests leave out (newer fields an older
+# server would refuse, or ones that are off unless set), with their neutral value: a server
+# whose preferred sampling params set one to anything else is refused.
+UNSTATED_SAMPLING: dict[str, Any] = {
+    "stop_regex": None, "n": 1, "json_schema": None, "regex": None, "ebnf": None, "structural_tag": None,
+    "logit_bias": {}, "beam_width": None, "watermark": None,
+}
+
+
+@dataclass(frozen=True)
+class ServerFacts:
+    url: str
+    model_path: str
+    speculative_algorithm: str | None
+    deterministic: bool
+    custom_processor: bool
+    context: int | None  # tokens a prompt and its answer share; None when the server does not say
+    preferred_sampling_params: dict[str, Any]
+
+
+def _get(client: httpx.Client, url: str, paths: tuple[str, ...]) -> dict[str, Any] | None:
+    """The JSON object the first of `paths` answers, None when none exists (404)."""
+    for path in paths:
+        try:
+            response = client.get(url + path)
+        except httpx.TransportError as exc:
+            raise RunError(f"{url}{path} failed: {type(exc).__name__}: {exc}") from None
+        if response.status_code == 404:
+            continue
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if response.status_code != 200 or not isinstance(body, dict):
+            raise RunError(f"{url}{path} answered HTTP {response.status_code}: {response.text[:200]}")
+        return body
+    return None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _context(server: dict[str, Any], models: dict[str, Any] | None) -> int | None:
+    """The served context: /v1/models' max_model_len (the effective one; server_info's
+    context_length is null unless --context-length was given), bounded by the KV cache."""
+    cards = (models or {}).get("data")
+    lengths = [_int(card.get("max_model_len")) for card in cards if isinstance(card, dict)
+               and not card.get("parent")] if isinstance(cards, list) else []
+    context = next((n for n in lengths if n is not None), None) or _int(server.get("context_length"))
+    kv_tokens = _int(server.get("max_total_num_tokens"))
+    return min(context, kv_tokens) if context is not None and kv_tokens is not None else context
+
+
+def _preferred(value: Any) -> dict[str, Any]:
+    """--preferred-sampling-params as SGLang keeps it: a JSON string, or already a dict."""
+    if isinstance(value, str) and value.strip():
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {}
+    return value if isinstance(value, dict) else {}
+
+
+def read_facts(client: httpx.Client, url: str) -> ServerFacts:
+    server = _get(client, url, ("/server_info", "/get_server_info"))
+    if server is None:
+        raise ConfigError(
+            f"{url} answers neither /server_info nor /get_server_info, so nothing can check that it "
+            "steers every token: attach to SGLang servers themselves (not a router or proxy)")
+    model = _get(client, url, ("/model_info", "/get_model_info")) or {}
+    return ServerFacts(
+        url=url,
+        model_path=str(model.get("model_path") or server.get("model_path") or ""),
+        speculative_algorithm=server.get("speculative_algorithm"),
+        deterministic=server.get("enable_deterministic_inference") is True,
+        custom_processor=server.get("enable_custom_logit_processor") is not False,
+        context=_context(server, _get(client, url, ("/v1/models",))),
+        preferred_sampling_params=_preferred(model.get("preferred_sampling_params",
+                                                       server.get("preferred_sampling_params"))),
+    )
+
+
+def check_facts(facts: ServerFacts, config: SGLangSettings) -> None:
+    """Refuse (exit 2) a server that would silently stop or skew the steering; warn about one
+    whose answers depend on batching."""
+    url = facts.url
+    algorithm = facts.speculative_algorithm
+    if algorithm is not None and str(algorithm).strip().upper() not in ("", "NONE"):
+        raise ConfigError(
+            f"{url} runs speculative decoding ({algorithm}): its verification never calls the custom "
+            "logit processor, so every token after an answer's first would go unsteered; restart it "
+            "without the --speculative-* flags")
+    if not facts.custom_processor:
+        raise ConfigError(f"{url} runs without --enable-custom-logit-processor, so it refuses every "
+                          "steered request; restart it with that flag (on a loopback address)")
+    check_model(facts.model_path, config, f"{url} serves")
+    preferred = sorted(name for name, neutral in UNSTATED_SAMPLING.items()
+                       if facts.preferred_sampling_params.get(name) not in (None, neutral))
+    if preferred:
+        raise ConfigError(
+            f"{url} has --preferred-sampling-params setting {', '.join(preferred)}, which every request of "
+            "this run would inherit and be answered under; restart it without them")
+    if not facts.deterministic:
+        logger.warning(
+            "warning: %s runs without --enable-deterministic-inference: its greedy answers depend on what "
+            "each request is batched with, so a genome can score differently in two evaluations, and the "
+            "answer cache (and a resumed run) keeps whichever answer came first; restart it with "
+            "--enable-deterministic-inference for reproducible runs", url)
+
+
+def answer_room(prompt_tokens: int, context: int) -> int:
+    """The most tokens SGLang lets an answer to a `prompt_tokens` prompt reach, 0 when it refuses
+    the prompt. Its scheduler cuts max_new_tokens to max_req_len - prompt - 1 WITHOUT an error,
+    where max_req_len = context - 1, and refuses a prompt of max_req_len - 5 tokens or more."""
+    max_req_len = context - 1
+    if prompt_tokens >= max_req_len - 5:
+        return 0
+    return max_req_len - prompt_tokens - 1

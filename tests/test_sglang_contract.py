@@ -1,0 +1,257 @@
+"""The SGLang path against SGLang's own code (the release requirements-gpu.txt pins, loaded
+by tests/sglang_wheel.py; these tests skip, saying why, when it cannot be fetched).
+
+What SGLangEngine sends must pass SGLang's /generate contract gate, become the request
+object and the SamplingParams the server makes of it whatever the server's preferred
+sampling params, and survive the scheduler's message decoding. The processors, by
+reference (SteeringProcessor) and by value (the processor_best.py generate-processor
+writes), must then turn SGLang's batched logits, grouped by processor string and
+filtered and merged as its scheduler does, into exactly logits + bias, "__req__" and
+all, at a model vocabulary wider than the tokenizer's. The fake server's gate and context
+messages are held to SGLang's here too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import msgspec
+import numpy as np
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from compressor_2.clusters.clusterset import FINGERPRINT_FILE, ClusterSet
+from compressor_2.engines.base import GenerationRequest
+from compressor_2.engines.chat import encode_prompt
+from compressor_2.engines.sglang_engine import SGLangEngine
+from compressor_2.engines.sglang_facts import STATED_SAMPLING, UNSTATED_SAMPLING
+from compressor_2.steering.generate import render_processor
+from compressor_2.steering.processor import SteeringProcessor
+from tests.fakes import sglang_server as fake
+from tests.sglang_wheel import SGLang, Batch, Req, load_sglang, sglang_source
+
+CLUSTERS = 4
+MAX_NEW = 32
+PROMPTS = ["Revenue was", "Total assets", "The answer is 1.9%", "net income was 5,363"]
+DELTAS = [(1.0, -2.0, 0.5, 3.25), (-0.5, 0.0, 4.0, -1.0), (0.0, 0.0, 0.0, 0.0), (0.25, 0.125, -3.0, 2.0)]
+BAKED = (0.5, -1.0, 2.0, -0.25)  # processor_best.py's defaults
+# Set on the server, these would change every answer of a request that leaves them out.
+PREFERRED = {"temperature": 0.7, "top_p": 0.5, "top_k": 7, "min_p": 0.2, "frequency_penalty": 0.5,
+             "presence_penalty": 0.5, "repetition_penalty": 1.3, "min_new_tokens": 5, "ignore_eos": True,
+             "stop": ["\n"], "stop_token_ids": [3], "no_stop_trim": True, "skip_special_tokens": False,
+             "spaces_between_special_tokens": False, "max_new_tokens": 3, "custom_params": {"x": 1}}
+# Sampling fields a request may leave to the server: they change no answer this project reads.
+LEFT_TO_THE_SERVER = {
+    "stream_interval": "only how often a stream reports",
+    "sampling_seed": "only which draws a temperature above 0 makes; such answers are never cached",
+    "choice": "not a field of the server's SamplingParams: a preferred one fails every request loudly",
+}
+
+
+@pytest.fixture(scope="module")
+def sglang() -> Iterator[SGLang]:
+    root = sglang_source()
+    ours = [name for name in sys.modules if name == "sglang" or name.startswith("sglang.")]
+    saved = {name: sys.modules.pop(name) for name in ours}  # an installed sglang (GPU setup) steps aside
+    try:
+        yield load_sglang(root)
+    finally:
+        for name in [n for n in sys.modules if n == "sglang" or n.startswith(("sglang.", "sglang_contract_"))]:
+            del sys.modules[name]
+        sys.modules.update(saved)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir: Path) -> Any:
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def clusters(tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> ClusterSet:
+    token_clusters = np.random.default_rng(0).integers(0, CLUSTERS, len(tokenizer)).astype(np.int64)
+    folder = tmp_path_factory.mktemp("clusters")
+    np.save(folder / "token_clusters.npy", token_clusters)
+    (folder / FINGERPRINT_FILE).write_text(json.dumps({"fingerprint": "contract"}))
+    return ClusterSet(cluster_ids=tuple(map(str, range(CLUSTERS))), token_clusters=token_clusters,
+                      token_clusters_path=(folder / "token_clusters.npy").resolve(), descriptions={},
+                      fingerprint="contract")
+
+
+@pytest.fixture(scope="module")
+def engine(tokenizer: Any, clusters: ClusterSet) -> SGLangEngine:
+    """Only builds request bodies: it never connects."""
+    return SGLangEngine(("http://127.0.0.1:9",), clusters, lambda prompt: encode_prompt(tokenizer, prompt),
+                        temperature=0.0, max_new_tokens=MAX_NEW, concurrency=1, request_timeout=1.0)
+
+
+@pytest.fixture(scope="module")
+def bodies(engine: SGLangEngine) -> list[dict[str, Any]]:
+    """Every kind of body the engine sends: answers, and the steering probe."""
+    sent = [engine.request_body(GenerationRequest(p, d)) for p, d in zip(PROMPTS, DELTAS)]
+    return [json.loads(json.dumps(body)) for body in sent + engine.probe_bodies(0)]  # as HTTP carries them
+
+
+@pytest.fixture(scope="module")
+def by_value(clusters: ClusterSet, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The request string of a processor_best.py, as `python processor_best.py` prints it."""
+    folder = tmp_path_factory.mktemp("deploy")
+    module = folder / "processor_best.py"
+    module.write_text(render_processor(list(BAKED), clusters, folder / "deltas_best.json", "processor_best"))
+    made = subprocess.run([sys.executable, module.name], capture_output=True, text=True, cwd=folder,
+                          env={**os.environ, "PYTHONPATH": ""}, timeout=120)
+    assert made.returncode == 0, made.stderr
+    return made.stdout.strip()
+
+
+def sampling_params(sglang: SGLang, body: dict[str, Any], preferred: dict[str, Any], width: int) -> Any:
+    """What SGLang's tokenizer manager makes of `body` on a server with these preferred params."""
+    request = sglang.GenerateReqInput(**body)
+    request.normalize_batch_and_arguments()
+    manager = SimpleNamespace(preferred_sampling_params=preferred, tokenizer=None,
+                              sampling_params_class=sglang.sampling_params.SamplingParams,
+                              model_config=SimpleNamespace(vocab_size=width))
+    return sglang.sampling_kwargs(manager, request)["sampling_params"]
+
+
+def test_every_body_passes_sglangs_generate_contract(sglang: SGLang, bodies: list[dict[str, Any]]):
+    gate = sglang.api_contract.generate_contract_error
+    for body in bodies:
+        assert gate(body) is None, body["sampling_params"]
+    # The gate is SGLang's own: a field it does not know is refused.
+    wrong = {**bodies[0], "sampling_params": {**bodies[0]["sampling_params"], "max_tokens": 8}}
+    assert gate(wrong).startswith("unknown field `max_tokens`")
+
+
+def test_no_preferred_sampling_param_changes_what_a_body_asks(sglang: SGLang, bodies: list[dict[str, Any]],
+                                                              clusters: ClusterSet):
+    width = len(clusters.token_clusters) + 64
+    fields = (*STATED_SAMPLING, "temperature", "max_new_tokens", "custom_params")
+    decoder = msgspec.msgpack.Decoder(sglang.sampling_params.SamplingParams)
+    for body in bodies:
+        plain = sampling_params(sglang, body, {}, width)
+        preferred = sampling_params(sglang, body, PREFERRED, width)
+        assert {f: getattr(preferred, f) for f in fields} == {f: getattr(plain, f) for f in fields}
+        assert plain.max_new_tokens == body["sampling_params"]["max_new_tokens"]
+        assert (plain.temperature, plain.top_k) == (1.0, 1)  # SGLang's greedy
+        # The tokenizer process sends it to the scheduler as msgpack, decoded by type.
+        decoded = decoder.decode(msgspec.msgpack.Encoder().encode(plain))
+        assert decoded.custom_params == body["sampling_params"]["custom_params"]
+
+
+def test_every_sampling_field_that_changes_an_answer_is_stated_or_guarded(sglang: SGLang):
+    accepted = [f.name for f in msgspec.structs.fields(sglang.api_types.SamplingParams)]
+    stated = {*STATED_SAMPLING, "temperature", "max_new_tokens", "custom_params"}
+    guarded = set(UNSTATED_SAMPLING)  # a server preferring one of these is refused
+    assert not stated & guarded and not (stated | guarded) & set(LEFT_TO_THE_SERVER)
+    assert sorted(accepted) == sorted(stated | guarded | set(LEFT_TO_THE_SERVER))
+
+
+def test_the_fake_server_gates_sampling_params_as_sglang_does(sglang: SGLang):
+    accepted = [f.name for f in msgspec.structs.fields(sglang.api_types.SamplingParams)]
+    assert list(fake.SAMPLING_FIELDS) == accepted
+    gate = sglang.api_contract.generate_contract_error
+    for sampling in ({"max_tokens": 4}, {"temperature": "0.5"}, {"top_k": 1.5}, {"ignore_eos": 1},
+                     {"max_new_tokens": True}, {"min_p": [1]}, {"top_p": {}}, {"temperature": None}, "x",
+                     {"custom_params": {"deltas": [1.0]}, "stop": None}):
+        assert fake.sampling_error(sampling) == gate({"input_ids": [1], "sampling_params": sampling}), sampling
+
+
+def test_the_fake_server_refuses_past_the_context_as_sglang_does(sglang: SGLang):
+    def sglang_error(prompt: int, max_new: int | None, context: int) -> str | None:
+        manager = SimpleNamespace(context_len=context, num_reserved_tokens=0, allow_auto_truncate=False,
+                                  validate_total_tokens=True, _validate_joint_schema_request=lambda *a: None)
+        try:
+            sglang.validate_one_request(manager, SimpleNamespace(sampling_params={"max_new_tokens": max_new}),
+                                        list(range(prompt)))
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    cases = [(10, 20, 64), (10, 54, 64), (10, 55, 64), (63, 1, 64), (64, 1, 64), (80, None, 64), (5, None, 64)]
+    for case in cases:
+        assert fake.context_error(*case) == sglang_error(*case), case
+    assert [fake.context_error(*case) is None for case in cases] == [True, True, False, True, False, False, True]
+
+
+def expected_logits(logits: torch.Tensor, steering: list[tuple[float, ...] | None],
+                    token_clusters: np.ndarray) -> torch.Tensor:
+    """Each row plus its deltas' bias on the tokenizer's ids, computed here, not by bias.py."""
+    expected = logits.clone()
+    ids = torch.from_numpy(token_clusters)
+    for row, deltas in enumerate(steering):
+        if deltas is not None:
+            expected[row, : len(ids)] += torch.tensor(deltas, dtype=torch.float32)[ids]
+    return expected
+
+
+def test_sglangs_batching_of_both_processors_gives_logits_plus_bias(
+        sglang: SGLang, engine: SGLangEngine, clusters: ClusterSet, by_value: str, tokenizer: Any):
+    width = len(tokenizer) + 64  # the model's vocabulary, wider than the tokenizer's
+    assert len(clusters.token_clusters) == len(tokenizer)
+
+    def value_body(custom: dict[str, Any] | None) -> dict[str, Any]:
+        """What a user sends to serve processor_best.py by value (see the README's Deploy)."""
+        sampling: dict[str, Any] = {**STATED_SAMPLING, "temperature": 0.0, "max_new_tokens": MAX_NEW}
+        if custom is not None:
+            sampling["custom_params"] = custom
+        return {"input_ids": [5, 6, 7], "custom_logit_processor": by_value, "sampling_params": sampling}
+
+    def reqs(rows: list[tuple[dict[str, Any], Any]], first: int) -> list[Req]:
+        made = []
+        for i, (body, _) in enumerate(rows):
+            body = json.loads(json.dumps(body))
+            assert sglang.api_contract.generate_contract_error(body) is None
+            params = sampling_params(sglang, body, {}, width)
+            made.append(Req(sglang, f"r{first + i}", params, body.get("custom_logit_processor"), body["input_ids"]))
+        return made
+
+    def ours(deltas: tuple[float, ...]) -> tuple[dict[str, Any], tuple[float, ...] | None]:
+        return engine.request_body(GenerationRequest(PROMPTS[0], deltas)), deltas if any(deltas) else None
+
+    unsteered = {"input_ids": [1, 2], "sampling_params": {"temperature": 0.0, "max_new_tokens": 4}}
+    custom = (2.0, -0.5, 0.0, 1.5)
+    rows = [ours(DELTAS[0]), (unsteered, None), (value_body(None), BAKED), ours(DELTAS[1]),
+            (value_body({"deltas": list(custom)}), custom), ours(DELTAS[2]), ours(DELTAS[0])]
+    requests = reqs(rows, 0)
+    steering = [deltas for _, deltas in rows]
+    info = sglang.sampling_batch_info.SamplingBatchInfo.from_schedule_batch(Batch(requests), vocab_size=width)
+
+    groups = {tuple(entry.rows): type(entry.processor) for entry in info.custom_logit_processor.values()}
+    assert sorted(groups) == [(0, 3, 5, 6), (2, 4)]  # one entry per processor string
+    assert groups[0, 3, 5, 6] is SteeringProcessor  # by reference: this very class
+    assert groups[2, 4].__module__ == "__main__" and groups[2, 4].__name__ == "SteeringProcessor"  # by value
+    assert info.custom_params[1] is None and info.custom_params[2] is None
+    assert info.custom_params[0]["__req__"].rid == "r0"  # SGLang's Req, by weak reference
+
+    generator = torch.Generator().manual_seed(0)
+
+    def step_is_exact() -> None:
+        logits = torch.randn(len(steering), width, generator=generator)
+        expected = expected_logits(logits, steering, clusters.token_clusters)
+        sglang.apply_custom_logit_processor(logits, info)
+        assert torch.equal(logits, expected)
+        assert torch.equal(logits[:, len(tokenizer):], expected[:, len(tokenizer):])
+
+    for _ in range(3):  # a new processor instance per batch; the caches live on the classes
+        step_is_exact()
+
+    keep = [0, 2, 4, 6]  # rows 1, 3 and 5 finished
+    info.filter_batch(keep, torch.tensor(keep))
+    steering = [steering[i] for i in keep]
+    step_is_exact()
+
+    joining = [(value_body({"deltas": [0.0, 0.0, 0.0, -7.0]}), (0.0, 0.0, 0.0, -7.0)), ours(DELTAS[3]),
+               (unsteered, None)]
+    info.merge_batch(sglang.sampling_batch_info.SamplingBatchInfo.from_schedule_batch(
+        Batch(reqs(joining, 10)), vocab_size=width))
+    steering += [deltas for _, deltas in joining]
+    assert sorted(entry.rows for entry in info.custom_logit_processor.values()) == [[0, 3, 5], [1, 2, 4]]
+    step_is_exact()
