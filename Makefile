@@ -21,6 +21,10 @@ $(STAMP): requirements.txt pyproject.toml
 	@command -v tmux >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
 	  (apt-get update -qq && apt-get install -y -qq tmux) >/dev/null 2>&1 || \
 	  echo "note: tmux not installed; the menuconfig test will skip"; }
+	@# Debian's chromium renders report.html in the browser test; best effort likewise.
+	@test -x /usr/bin/chromium || { command -v apt-get >/dev/null 2>&1 && \
+	  (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1 || \
+	  echo "note: chromium not installed; the report's browser test will skip"; }
 	@touch $(STAMP)
 
 $(CONFIG):

@@ -16,6 +16,7 @@ from compressor_2.data.financebench import examples_from_config, holdout_example
 from compressor_2.errors import ConfigError
 from compressor_2.evolve import evolve
 from compressor_2.fitness import example_key
+from compressor_2.run.checks import BASELINE_ID, training_baseline
 from compressor_2.run.report import render
 from tests.test_evolution_support import config_for, query, read_json, write_config
 
@@ -253,3 +254,46 @@ def test_the_report_escapes_answers_and_puts_failures_first(heldout_runs, tmp_pa
     assert training.count('class="broken"') == 1 and 'class="tag broken">broken' in training
     assert html.count("data:image/png;base64,") >= 3  # front, fitness, lengths (and the tree)
     assert "Held-out questions (1)" in html and "gap from training" in html.lower()
+
+
+def test_a_search_that_starts_elsewhere_gets_its_baseline_measured_apart(tmp_path, shared, tiny_model_dir,
+                                                                         uninterrupted):
+    del uninterrupted  # built the shared clusters
+    ids = list(read_json(shared / "clusters" / "initial_deltas.json"))
+    initial = tmp_path / "initial.json"
+    initial.write_text(json.dumps({cid: 0.5 if k == 0 else 0.0 for k, cid in enumerate(ids)}))
+    evolve(config_for(tmp_path, shared, tiny_model_dir, NGEN="1", INITIAL_DELTAS_PATH=f'"{initial}"'))
+    out = tmp_path / "out"
+    zeros = genome_key([0.0] * len(ids))
+    assert query(out, f"SELECT count(*) FROM evaluations WHERE genome = '{zeros}'") == [(0,)]  # not the search's
+    assert query(out, f"SELECT count(*) FROM check_answers WHERE genome = '{zeros}'") == [(3,)]
+    archive = RunArchive.open_read_only(out / "run.sqlite")
+    try:
+        baseline = training_baseline(archive)
+        measured = archive.checks("training")[zeros]
+    finally:
+        archive.close()
+    assert baseline is not None and baseline.id == BASELINE_ID
+    assert (baseline.tokens, baseline.correctness) == (measured.mean_tokens, measured.correctness)
+    assert "unsteered baseline</td>" in (out / "report.html").read_text()
+
+
+def test_report_on_an_interrupted_run(tmp_path, shared, tiny_model_dir, monkeypatch, capsys):
+    from compressor_2.reflector.local import LocalProposer
+
+    original = LocalProposer.mutation
+
+    def interrupt_in_generation_1(self, request, messages, attempt):
+        if request.generation == 1:
+            raise KeyboardInterrupt
+        return original(self, request, messages, attempt)
+
+    monkeypatch.setattr(LocalProposer, "mutation", interrupt_in_generation_1)
+    with pytest.raises(KeyboardInterrupt):
+        evolve(config_for(tmp_path, shared, tiny_model_dir, **HELDOUT_RUN, HOLDOUT_INDICES='"2"'))
+    assert "held-out (" not in capsys.readouterr().out  # a Ctrl+C skips the check
+    (tmp_path / "out" / "report.html").unlink()
+    assert main(["report", "--config", str(tmp_path / "test.config")]) == 0
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "interrupted (rerun evolve to resume)" in html
+    assert "The held-out check runs when the search stops" in html
