@@ -59,7 +59,7 @@ def choose(archive: RunArchive, max_drop: float | None, candidate_id: int | None
             raise ConfigError(f"export --candidate {candidate_id}: no such candidate in '{archive.path}' "
                               f"(it holds ids 1..{archive.last_candidate_id()})")
         point = points.get(candidate_id)
-        return candidate, f"candidate #{candidate_id}" + (f": {_describe(point)}" if point else
+        return candidate, f"candidate #{candidate_id}" + (f": {_describe(point)} on the training pool" if point else
                                                          " (not assessed on the whole pool)")
     assert max_drop is not None
     if not 0 <= max_drop <= 1:
@@ -76,21 +76,21 @@ def choose(archive: RunArchive, max_drop: float | None, candidate_id: int | None
     candidate = archive.candidate(chosen.id)
     assert candidate is not None
     best = best_point(archive)
-    return candidate, (f"candidate #{chosen.id}, the shortest on the front within {100 * max_drop:g} points of the "
-                       f"baseline's correctness: {_describe(chosen)}; baseline {_describe(baseline)}"
-                       + (f"; best fitness #{best.id}: {_describe(best)}" if best is not None else ""))
+    return candidate, (f"candidate #{chosen.id}, the shortest on the front within {max_drop:g} of the baseline's "
+                       f"correctness; on the training pool: {_describe(chosen)}, the baseline {_describe(baseline)}"
+                       + (f", the best by fitness (#{best.id}) {_describe(best)}" if best is not None else ""))
 
 
 def no_candidate_line(front: Sequence[Point], baseline: Point, max_drop: float) -> str:
     most = max(front, key=lambda p: (p.correctness, -p.tokens), default=None)
-    return (f"export --max-correctness-drop {max_drop:g}: no candidate on the front is within {100 * max_drop:g} "
-            f"points of the baseline's {100 * baseline.correctness:.1f}% correct"
+    return (f"export --max-correctness-drop {max_drop:g}: no candidate on the front is within {max_drop:g} of the "
+            f"baseline's correctness ({100 * baseline.correctness:.1f}%)"
             + (f" (the most correct is #{most.id} at {100 * most.correctness:.1f}%)" if most is not None else "")
             + ": allow a larger drop, or export with --candidate ID")
 
 
 def _describe(p: Point) -> str:
-    return f"{p.tokens:.1f} tokens, {100 * p.correctness:.1f}% correct on the training pool"
+    return f"{p.tokens:.1f} tokens at {100 * p.correctness:.1f}% correct"
 
 
 def refuse_run_files(config: Config, paths: Sequence[Path]) -> None:

@@ -58,8 +58,10 @@ def front_table(archive: RunArchive) -> str:
     if baseline is not None:
         zeros = genome_key([0.0] * len(next(iter(archive.candidates())).deltas))
         where = f"#{baseline.id}" if baseline.id != BASELINE_ID else "checked apart"
+        held = heldout.get(zeros)
         lines.append(f"baseline ({where}): {baseline.tokens:.1f} tokens, {100 * baseline.correctness:.1f}% correct, "
-                     f"fitness {baseline.fitness:.4f}; held out: {_held(heldout.get(zeros)).strip()}")
+                     f"fitness {baseline.fitness:.4f}" + (f"; held out {held.mean_tokens:.1f} tokens, "
+                                                          f"{100 * held.correctness:.1f}% correct" if held else ""))
     return "\n".join(lines)
 
 

@@ -220,8 +220,8 @@ def test_a_drop_no_candidate_meets_is_one_line_and_exit_2(tmp_path, shared, tiny
     assert main(["export", "--config", str(config), "--max-correctness-drop", "0.05"]) == 2
     err = capsys.readouterr().err
     assert err.strip().splitlines() == [
-        "error: export --max-correctness-drop 0.05: no candidate on the front is within 5 points of the baseline's "
-        "100.0% correct (the most correct is #1 at 90.0%): allow a larger drop, or export with --candidate ID"]
+        "error: export --max-correctness-drop 0.05: no candidate on the front is within 0.05 of the baseline's "
+        "correctness (100.0%) (the most correct is #1 at 90.0%): allow a larger drop, or export with --candidate ID"]
     assert not list((tmp_path / "out").glob("deltas_candidate_*"))
     assert main(["export", "--config", str(config), "--max-correctness-drop", "0.1"]) == 0
     assert (tmp_path / "out" / "deltas_candidate_1.json").is_file()
