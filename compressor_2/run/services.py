@@ -78,8 +78,9 @@ class Run:
         """Asked between steps (every strategy does, at the end of each): the outputs every
         strategy shares are brought up to date, then the first budget reached, if any."""
         self.budget.checkpoint()
+        reason = self.budget.exhausted()  # what the steps spent, not the drawing below
         self.refresh()
-        return self.budget.exhausted()
+        return reason
 
     def refresh(self) -> Path:
         """front.png and report.html, from the archive as it stands; returns the report's path."""
