@@ -1,12 +1,13 @@
-"""`python -m compressor_2 show [CANDIDATE_ID]`: a run read from its archive, read only.
+"""`python -m compressor_2 show [CANDIDATE_ID] [--front]`: a run read from its archive, read only.
 
-With --front: the tokens-versus-correctness front as a table. Without an id: the run summary (strategy, candidates, metric calls, cache hits,
-reflector tokens, wall time, status and stop reason, best) and the best candidate's
+With --front: the tokens-versus-correctness front as a table, with the baseline and the
+held-out results. Without an id: the run summary (strategy, candidates, metric calls,
+cache hits, reflector tokens, wall time, status and stop reason, best) and the best candidate's
 lineage, one line per ancestor. With an id: that candidate, its parents and children,
 the generations that selected it (seed 002's LLM selection) and why, the reflector
 calls about it, and its answers on the training pool next to the
-unsteered baseline's (the all-zero genome when the run evaluated it, else the run's
-initial deltas).
+unsteered baseline's (the all-zero genome when the run or its checks evaluated it, else
+the run's initial deltas).
 """
 
 from __future__ import annotations

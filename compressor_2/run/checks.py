@@ -43,8 +43,8 @@ def _point(c: Candidate) -> Point:
 
 def zero_genome(archive: RunArchive) -> str | None:
     """The all-zero genome's key, or None while the archive holds no candidate to size it."""
-    first = archive.candidate(1) or next(iter(archive.candidates()), None)
-    return None if first is None else genome_key([0.0] * len(first.deltas))
+    last = archive.candidate(archive.last_candidate_id())
+    return None if last is None else genome_key([0.0] * len(last.deltas))
 
 
 def training_baseline(archive: RunArchive) -> Point | None:

@@ -113,7 +113,7 @@ def render(archive: RunArchive, out: Path, pool: Sequence[Example], heldout: Seq
     base_answers, best_answers = answers(zeros), answers(best_genome)
     calls, prompt, completion = archive.reflector_tokens()
     check_fresh, check_cached = archive.check_calls()
-    lineage = []
+    lineage: list[Candidate] = []
     if best is not None:
         lineage = [by_id[a] for a in archive.lineage().ancestors(best.id)] + [by_id[best.id]]
     environment = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent),
@@ -124,7 +124,8 @@ def render(archive: RunArchive, out: Path, pool: Sequence[Example], heldout: Seq
         strategy=archive.meta("strategy", "?"), status=status(archive),
         candidates=len(by_id), metric_calls=archive.metric_calls(), cache_hits=archive.cache_hits(),
         check_fresh=check_fresh, check_cached=check_cached,
-        reflector_calls=calls, prompt_tokens=prompt, completion_tokens=completion, reflector_seconds=archive.reflector_seconds(),
+        reflector_calls=calls, prompt_tokens=prompt, completion_tokens=completion,
+        reflector_seconds=archive.reflector_seconds(),
         wall_minutes=float(archive.meta("wall_seconds", "0") or 0) / 60,
         gain=gain(archive), best=best, baseline=baseline,
         baseline_heldout=heldout_results.get(zeros or ""),
