@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,10 +117,7 @@ def render(archive: RunArchive, out: Path, pool: Sequence[Example], heldout: Seq
     lineage: list[Candidate] = []
     if best is not None:
         lineage = [by_id[a] for a in archive.lineage().ancestors(best.id)] + [by_id[best.id]]
-    environment = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent),
-                                     autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
-                                     lstrip_blocks=True)
-    return environment.get_template(TEMPLATE).render(
+    return _template().render(
         run_dir=str(out), generated=datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S"),
         strategy=archive.meta("strategy", "?"), status=status(archive),
         candidates=len(by_id), metric_calls=archive.metric_calls(), cache_hits=archive.cache_hits(),
@@ -144,6 +142,14 @@ def _lineage_entry(c: Candidate) -> dict[str, object]:
     made = f"{c.operator} of {', '.join(f'#{p}' for p in c.parents)}" if c.parents else c.operator
     return {"id": c.id, "generation": c.generation, "made": made, "fitness": c.fitness, "tokens": c.mean_tokens,
             "correctness": c.correctness, "note": c.note}
+
+
+@functools.cache
+def _template() -> jinja2.Template:
+    """Compiled once a process: evolve renders the page after every step."""
+    environment = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent), autoescape=True,
+                                     undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    return environment.get_template(TEMPLATE)
 
 
 def _figures(out: Path) -> list[tuple[str, str]]:
