@@ -27,6 +27,10 @@ $(STAMP): requirements.txt requirements-common.txt requirements-gpu.txt pyprojec
 	@command -v tmux >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
 	  (apt-get update -qq && apt-get install -y -qq tmux) >/dev/null 2>&1 || \
 	  echo "note: tmux not installed; the menuconfig test will skip"; }
+	@# Debian's chromium renders report.html in the browser test; best effort likewise.
+	@test -x /usr/bin/chromium || { command -v apt-get >/dev/null 2>&1 && \
+	  (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1 || \
+	  echo "note: chromium not installed; the report's browser test will skip"; }
 	@touch $(STAMP)
 
 # sglang 0.5.23 ships for CPython 3.11 only: `make install-gpu PYTHON=python3.11` where

@@ -24,7 +24,8 @@ from compressor_2.interrupts import stop_on_first_signal, stopping
 DESCRIPTION = ("compressor_2: evolve per-cluster logit steering deltas so that an LLM answers briefly "
                "without answering worse. Configure with `make menuconfig` (writes .config), then run "
                "`evolve`; `show` reads a run, `evaluate` checks deltas on other questions, "
-               "`generate-processor` writes the SGLang processor to deploy.")
+               "`generate-processor` writes the SGLang processor to deploy, `export` picks the candidate for the "
+               "correctness you can give up, `report` writes report.html.")
 DEFAULT_CONFIG = Path(".config")
 
 
@@ -100,12 +101,41 @@ def _evolve(config: Config, args: argparse.Namespace) -> None:
 def _show_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("candidate", type=int, nargs="?", default=None, metavar="CANDIDATE_ID",
                         help="show this candidate and its answers (default: the run summary and the best's lineage)")
+    parser.add_argument("--front", action="store_true",
+                        help="print the tokens-versus-correctness front as a table (id, tokens, correctness, "
+                        "fitness, held-out results)")
 
 
 def _show(config: Config, args: argparse.Namespace) -> None:
     from compressor_2.show import run_show
 
-    run_show(config, args.candidate)
+    run_show(config, args.candidate, front=args.front)
+
+
+def _export_arguments(parser: argparse.ArgumentParser) -> None:
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--max-correctness-drop", type=float, default=None, metavar="D",
+                       help="the shortest candidate on the front whose correctness is at most D (a fraction: "
+                       "0.01 is one point) below the unsteered baseline's")
+    which.add_argument("--candidate", type=int, default=None, metavar="ID", help="this candidate")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="the deltas JSON to write; the processor goes beside it (default: "
+                        "CONFIG_OUTPUT_DIR/deltas_candidate_<id>.json and processor_candidate_<id>.py)")
+    parser.add_argument("--force", action="store_true",
+                        help="write the processor even when the run's clusters are not the current ones")
+
+
+def _export(config: Config, args: argparse.Namespace) -> None:
+    from compressor_2.export import run_export
+
+    run_export(config, args.max_correctness_drop, args.candidate, args.out, force=args.force)
+
+
+def _report(config: Config, args: argparse.Namespace) -> None:
+    del args
+    from compressor_2.report import run_report
+
+    run_report(config)
 
 
 COMMANDS: tuple[Command, ...] = (
@@ -119,6 +149,10 @@ COMMANDS: tuple[Command, ...] = (
             _no_arguments, _evolve),
     Command("show", "print a run's summary, or one candidate with its answers (read only)",
             _show_arguments, _show),
+    Command("export", "write the deltas and processor of the shortest candidate within a correctness drop",
+            _export_arguments, _export),
+    Command("report", "write report.html, the run on one self-contained page (reads the run only)",
+            _no_arguments, _report),
 )
 
 

@@ -4,7 +4,10 @@
 cached in the archive), the reflector (every call recorded in it), the budget and the
 best-ever tracker, warns when the budget cannot pay for three steps, and hands them to
 the strategy named by CONFIG_STRATEGY. The strategy returns why it stopped; that reason
-goes to the archive's events and onto the last line printed.
+goes to the archive's events and onto the final line. Then, outside the search and its
+budget, the held-out check (CONFIG_HOLDOUT_*) measures the best, the front and the
+unsteered baseline, and the run ends with the held-out line. A Ctrl+C skips the check
+(the next run of the same command makes it, from the cache where it can).
 """
 
 from __future__ import annotations
@@ -17,16 +20,19 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from compressor_2.archive.database import ARCHIVE_FILE, RunArchive
+from compressor_2.archive.database import ARCHIVE_FILE, CheckStore, RunArchive
 from compressor_2.atomic import remove_orphans
 from compressor_2.config import Config
+from compressor_2.deltas import load_deltas
 from compressor_2.errors import ConfigError, RunError
 from compressor_2.fitness import Evaluator, answer_context
 from compressor_2.interrupts import signals_ignored, stop_on_first_signal
 from compressor_2.reflector.prompt_log import PROMPT_DIR
 from compressor_2.run.best import DELTAS_BEST, PROCESSOR_BEST, BestEver
 from compressor_2.run.budget import Budget, Limits, shortfall
+from compressor_2.run.checks import Checks, gain, heldout_line
 from compressor_2.run.lock import run_lock
+from compressor_2.run.plots import FRONT_PLOT
 from compressor_2.run.progress import say
 from compressor_2.run.services import Run
 from compressor_2.run_directory import check_output_dir
@@ -39,7 +45,7 @@ PRE_ARCHIVE_FILES = ("evolution_state.json", "history.json")
 def evolve(config: Config) -> None:
     from compressor_2.clusters.build import build_clusters
     from compressor_2.clusters.clusterset import cluster_map_digest
-    from compressor_2.data.financebench import examples_from_config
+    from compressor_2.data.financebench import examples_from_config, holdout_examples
     from compressor_2.engines.registry import LazyEngine
     from compressor_2.judges.registry import make_judge
     from compressor_2.reflector.registry import make_reflector
@@ -54,9 +60,10 @@ def evolve(config: Config) -> None:
         clusters = build_clusters(config)
         ids = list(clusters.cluster_ids)
         examples = tuple(examples_from_config(config))
+        heldout = tuple(holdout_examples(config, examples))
         archive = open_archive(out, config.strategy)
         pool = ThreadPoolExecutor(config.reflector_concurrency, thread_name_prefix="reflector")
-        reflector, engine, budget = None, None, None
+        reflector, engine, budget, run, stopped = None, None, None, None, False
         try:
             with stop_on_first_signal():
                 # A missing API key stops us here, before the model loads.
@@ -64,9 +71,17 @@ def evolve(config: Config) -> None:
                 engine = LazyEngine(config, clusters, {e.id: e.prompt for e in examples})
                 context = answer_context(answer_settings(config, clusters.fingerprint))
                 archive.set_meta({"context": context})  # `show` reads this run's answers under it
-                evaluator = Evaluator(engine, make_judge(config), examples, config.lambda_shortness,
+                judge = make_judge(config)
+                evaluator = Evaluator(engine, judge, examples, config.lambda_shortness,
                                       config.lambda_correctness, config.shortness_scale, store=archive,
                                       context=context, reuse=config.temperature == 0)
+                checks = Checks(Evaluator(engine, judge, examples, config.lambda_shortness, config.lambda_correctness,
+                                          config.shortness_scale, store=CheckStore(archive), context=context,
+                                          reuse=config.temperature == 0), archive, examples, heldout, len(ids))
+                if any(load_deltas(config.initial_deltas_path, ids).values()):
+                    # The search starts from other deltas than the baseline's: measure the
+                    # baseline apart, before the budget's clock starts.
+                    checks.measure_baseline()
                 budget = Budget(Limits.from_config(config), archive)
                 warning = shortfall(budget.limits, budget.spent(), strategy.estimate(config, len(examples)))
                 if warning:
@@ -74,20 +89,37 @@ def evolve(config: Config) -> None:
                 best = BestEver(out, ids, lambda d, o: quietly(generate_processor, config, deltas_path=d, out=o),
                                 cluster_fingerprint=cluster_map_digest(clusters))
                 run = Run(config, ids, examples, archive, evaluator, reflector, pool, budget, best,
-                          time.perf_counter())
+                          time.perf_counter(), heldout)
                 archive.event("start", strategy=config.strategy, metric_calls=archive.metric_calls())
                 reason = strategy.run(run)
                 budget.checkpoint()
                 archive.event("stop", reason=reason)
+                stopped = True
+                # After the search, outside its budget: nothing it drew or decided changes.
+                checked = checks.heldout_check()
+                report = run.refresh()
+            say(f"the front and the report: {out / FRONT_PLOT}, {report}")
             say(final_line(reason, best))
+            if checked:
+                say(checks_line(archive, checked, len(heldout)))
+                g = gain(archive)
+                if g is not None:
+                    say(heldout_line(g))
         except (KeyboardInterrupt, RunError) as exc:
             with contextlib.suppress(Exception), signals_ignored():
-                if budget is not None:
+                if budget is not None and not stopped:
                     budget.checkpoint()
-                if isinstance(exc, KeyboardInterrupt):
+                if stopped:
+                    # The search had stopped (and said so in the archive): only the check failed.
+                    if isinstance(exc, KeyboardInterrupt):
+                        say("the held-out check was interrupted: rerun the same command to finish it "
+                            "(the answers it made are cached)")
+                elif isinstance(exc, KeyboardInterrupt):
                     archive.event("interrupted")
                 else:
                     archive.event("failed", error=str(exc))
+                if run is not None:
+                    run.refresh()
             raise
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
@@ -96,6 +128,13 @@ def evolve(config: Config) -> None:
             if engine is not None:
                 engine.close()
             archive.close()
+
+
+def checks_line(archive: RunArchive, genomes: int, questions: int) -> str:
+    fresh, cached = archive.check_calls()
+    return (f"held-out check: {genomes} genomes (the baseline, the best and the front's) on {questions} questions; "
+            f"the checks have made {fresh} answers in all and served {cached} from the cache, counted apart from "
+            f"the search's {archive.metric_calls()} metric calls")
 
 
 def final_line(reason: str, best: BestEver) -> str:

@@ -14,7 +14,8 @@ from compressor_2.errors import ConfigError
 from compressor_2.run.best import DELTAS_BEST, PROCESSOR_BEST
 from compressor_2.run.history import HISTORY_FILE
 from compressor_2.run.lock import LOCK_FILE
-from compressor_2.run.plots import FITNESS_PLOT, LENGTHS_PLOT
+from compressor_2.run.plots import FITNESS_PLOT, FRONT_PLOT, LENGTHS_PLOT
+from compressor_2.run.report import REPORT_FILE
 from compressor_2.run.tree import TREE_FILE
 from compressor_2.deltas import fingerprint_path
 from compressor_2.strategies import load_strategy, strategy_names
@@ -33,7 +34,7 @@ def owned_files() -> frozenset[str]:
     new one cannot be forgotten here."""
     shared = {
         ARCHIVE_FILE, f"{ARCHIVE_FILE}-wal", f"{ARCHIVE_FILE}-shm", f"{ARCHIVE_FILE}-journal", LOCK_FILE,
-        HISTORY_FILE, TREE_FILE, FITNESS_PLOT, LENGTHS_PLOT, DELTAS_BEST, PROCESSOR_BEST,
+        HISTORY_FILE, TREE_FILE, FITNESS_PLOT, LENGTHS_PLOT, FRONT_PLOT, REPORT_FILE, DELTAS_BEST, PROCESSOR_BEST,
         fingerprint_path(Path(DELTAS_BEST)).name, LOG_NAME,
     }
     return frozenset(shared.union(*(load_strategy(name).OUTPUT_FILES for name in strategy_names())))

@@ -1,12 +1,13 @@
-"""`python -m compressor_2 show [CANDIDATE_ID]`: a run read from its archive, read only.
+"""`python -m compressor_2 show [CANDIDATE_ID] [--front]`: a run read from its archive, read only.
 
-Without an id: the run summary (strategy, candidates, metric calls, cache hits,
-reflector tokens, wall time, status and stop reason, best) and the best candidate's
+With --front: the tokens-versus-correctness front as a table, with the baseline and the
+held-out results. Without an id: the run summary (strategy, candidates, metric calls,
+cache hits, reflector tokens, wall time, status and stop reason, best) and the best candidate's
 lineage, one line per ancestor. With an id: that candidate, its parents and children,
 the generations that selected it (seed 002's LLM selection) and why, the reflector
 calls about it, and its answers on the training pool next to the
-unsteered baseline's (the all-zero genome when the run evaluated it, else the run's
-initial deltas).
+unsteered baseline's (the all-zero genome when the run or its checks evaluated it, else
+the run's initial deltas).
 """
 
 from __future__ import annotations
@@ -14,24 +15,61 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Sequence
 
-from compressor_2.archive.database import ARCHIVE_FILE, Answer, Candidate, RunArchive, genome_key
+from compressor_2.archive.database import ARCHIVE_FILE, Answer, Candidate, CheckResult, RunArchive, genome_key
 from compressor_2.config import Config
 from compressor_2.errors import ConfigError
 from compressor_2.fitness import example_key
+from compressor_2.run.checks import BASELINE_ID, HELDOUT, best_point, candidate_points, training_baseline
+from compressor_2.run.front import pareto_front
+from compressor_2.run.report import status
 
 ANSWER_WIDTH = 100
 SHOWN = 20  # archive members and feedback entries listed in the summary
 
 
-def run_show(config: Config, candidate_id: int | None) -> None:
+def run_show(config: Config, candidate_id: int | None, front: bool = False) -> None:
     archive = RunArchive.open_read_only(config.output_dir / ARCHIVE_FILE)
     try:
-        if candidate_id is None:
+        if front:
+            print(front_table(archive))
+        elif candidate_id is None:
             print(summary(archive) + front_and_merges(config, archive))
         else:
             print(candidate_report(config, archive, candidate_id))
     finally:
         archive.close()
+
+
+def front_table(archive: RunArchive) -> str:
+    """The tokens-versus-correctness front on the training pool, shortest first, with the
+    baseline and, once the held-out check ran, each one's held-out tokens and correctness."""
+    front = pareto_front(candidate_points(archive))
+    if not front:
+        return "the front is empty: no candidate has been assessed yet"
+    best, baseline = best_point(archive), training_baseline(archive)
+    heldout = archive.checks(HELDOUT)
+    genomes = {c.id: genome_key(list(c.deltas.values())) for c in archive.candidates()}
+    lines = [f"the front on the training pool ({len(front)} of {len(candidate_points(archive))} candidates: "
+             "none has fewer tokens and is at least as correct), shortest first:",
+             f"{'id':>7}  {'tokens':>7}  {'correct':>8}  {'fitness':>8}  {'held-out tokens':>15}  {'correct':>8}"]
+    for p in front:
+        mark = " (best)" if best is not None and p.id == best.id else ""
+        lines.append(f"{'#' + str(p.id):>7}  {p.tokens:7.1f}  {100 * p.correctness:7.1f}%  {p.fitness:8.4f}  "
+                     f"{_held(heldout.get(genomes[p.id]))}{mark}")
+    if baseline is not None:
+        zeros = genome_key([0.0] * len(next(iter(archive.candidates())).deltas))
+        where = f"#{baseline.id}" if baseline.id != BASELINE_ID else "checked apart"
+        held = heldout.get(zeros)
+        lines.append(f"baseline ({where}): {baseline.tokens:.1f} tokens, {100 * baseline.correctness:.1f}% correct, "
+                     f"fitness {baseline.fitness:.4f}" + (f"; held out {held.mean_tokens:.1f} tokens, "
+                                                          f"{100 * held.correctness:.1f}% correct" if held else ""))
+    return "\n".join(lines)
+
+
+def _held(result: CheckResult | None) -> str:
+    if result is None:
+        return f"{'-':>15}  {'-':>8}"
+    return f"{result.mean_tokens:15.1f}  {100 * result.correctness:7.1f}%"
 
 
 def front_and_merges(config: Config, archive: RunArchive) -> str:
@@ -60,20 +98,6 @@ def describe(c: Candidate) -> str:
                 if c.fitness is not None else "not assessed on the whole pool")
     rejected = "  (rejected)" if c.status != "evaluated" else ""
     return f"#{c.id:<5} gen {c.generation:<3} {made:<24} {assessed}{rejected}"
-
-
-def status(archive: RunArchive) -> str:
-    events = [e for e in archive.events() if e[0] in ("start", "stop", "interrupted", "failed")]
-    if not events:
-        return "never started"
-    kind, detail, _ = events[-1]
-    if kind == "stop":
-        return f"stopped: {detail['reason']}"
-    if kind == "failed":
-        return f"failed: {detail['error']} (rerun evolve to resume)"
-    if kind == "interrupted":
-        return "interrupted (rerun evolve to resume)"
-    return "running, or killed (no stop recorded since the last start; rerun evolve to resume)"
 
 
 def summary(archive: RunArchive) -> str:
@@ -148,7 +172,9 @@ def answers_side_by_side(config: Config, archive: RunArchive, candidate: Candida
     examples = examples_from_config(config)
     mine = archive.answers_for(genome_key(list(candidate.deltas.values())), context)
     zeros = genome_key([0.0] * len(candidate.deltas))
-    baseline, label = archive.answers_for(zeros, context), "unsteered"
+    # The baseline is the search's all-zero candidate, or was measured apart by the checks.
+    baseline = {**archive.answers_for(zeros, context, table="check_answers"), **archive.answers_for(zeros, context)}
+    label = "unsteered"
     if not baseline:
         initial = next(iter(archive.candidates("operator = 'initial'")), None)
         if initial is not None:

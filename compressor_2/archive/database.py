@@ -15,8 +15,14 @@ Tables:
   each component came from, and whether the merge was kept;
 - `feedback`: seed 003's memory, one entry per assessed or rejected proposal: parent,
   generator, change summary, observed outcome;
+- `check_answers`: the answers of the run's checks, kept apart from the search's so they
+  never count against its budget: the held-out set, and the unsteered baseline on the pool
+  when the search never answered with it;
+- `check_results`: per split ("training", "heldout") and genome, the mean tokens,
+  correctness and fitness the checks measured;
 - `events`: starts, resumes, interruptions and stop reasons;
-- `meta`: schema version, strategy, cumulative wall time and cache hits.
+- `meta`: schema version, strategy, cumulative wall time and cache hits (the search's and
+  the checks').
 
 WAL mode with one transaction per batch of results: a SIGKILL loses at most the batch
 being written, never the file's integrity. `synchronous=NORMAL` skips the fsync on each
@@ -87,6 +93,27 @@ CREATE TABLE IF NOT EXISTS evaluations (
     created REAL NOT NULL,
     PRIMARY KEY (genome, example, context)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS check_answers (
+    genome TEXT NOT NULL,
+    example TEXT NOT NULL,
+    context TEXT NOT NULL,
+    answer TEXT NOT NULL,
+    tokens INTEGER NOT NULL,
+    is_correct INTEGER NOT NULL,
+    reasoning TEXT NOT NULL,
+    created REAL NOT NULL,
+    PRIMARY KEY (genome, example, context)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS check_results (
+    split TEXT NOT NULL,
+    genome TEXT NOT NULL,
+    examples INTEGER NOT NULL,
+    mean_tokens REAL NOT NULL,
+    correctness REAL NOT NULL,
+    fitness REAL NOT NULL,
+    created REAL NOT NULL,
+    PRIMARY KEY (split, genome)
+);
 CREATE TABLE IF NOT EXISTS reflector_calls (
     id INTEGER PRIMARY KEY,
     kind TEXT NOT NULL,
@@ -165,6 +192,18 @@ class Answer:
     tokens: int
     is_correct: bool
     reasoning: str
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """A genome measured by a check on one split ("training" or "heldout")."""
+
+    split: str
+    genome: str
+    examples: int
+    mean_tokens: float
+    correctness: float
+    fitness: float
 
 
 @dataclass(frozen=True)
@@ -415,35 +454,40 @@ class RunArchive:
 
     # -- the evaluation cache ---------------------------------------------------------------
 
-    def cached(self, genomes: Sequence[str], examples: Sequence[str], context: str) -> dict[tuple[str, str], Answer]:
+    def cached(self, genomes: Sequence[str], examples: Sequence[str], context: str,
+               table: str = "evaluations") -> dict[tuple[str, str], Answer]:
         """The stored answers among `genomes` x `examples` under `context`."""
         found: dict[tuple[str, str], Answer] = {}
         wanted = set(examples)
         for genome in dict.fromkeys(genomes):
             for example, answer, tokens, correct, reasoning in self._query(
-                    "SELECT example, answer, tokens, is_correct, reasoning FROM evaluations "
+                    f"SELECT example, answer, tokens, is_correct, reasoning FROM {_table(table)} "
                     "WHERE genome = ? AND context = ?", (genome, context)):
                 if example in wanted:
                     found[genome, example] = Answer(answer, tokens, bool(correct), reasoning)
         return found
 
-    def answers_for(self, genome: str, context: str) -> dict[str, Answer]:
+    def answers_for(self, genome: str, context: str, table: str = "evaluations") -> dict[str, Answer]:
         """Every stored answer of `genome` under `context`, by example key; for a sampling
         run (its contexts carry a sample suffix) the latest sample of each example."""
-        rows = self._query("SELECT example, answer, tokens, is_correct, reasoning FROM evaluations "
+        if not self.has_table(table):
+            return {}
+        rows = self._query(f"SELECT example, answer, tokens, is_correct, reasoning FROM {_table(table)} "
                            "WHERE genome = ? AND (context = ? OR context LIKE ?) ORDER BY created",
                            (genome, context, f"{context}:sample:%"))
         return {e: Answer(a, t, bool(c), r) for e, a, t, c, r in rows}
 
-    def store(self, answers: Mapping[tuple[str, str], Answer], context: str, cache_hits: int) -> None:
+    def store(self, answers: Mapping[tuple[str, str], Answer], context: str, cache_hits: int,
+              table: str = "evaluations") -> None:
         """One batch of fresh answers and the count of pairs the cache served, in one
         transaction."""
         now = time.time()
+        hits_key = "cache_hits" if table == "evaluations" else "check_cache_hits"
         with self._transaction() as db:
-            db.execute("INSERT INTO meta (key, value) VALUES ('cache_hits', ?) ON CONFLICT(key) DO UPDATE "
-                       "SET value = CAST(value AS INTEGER) + excluded.value", (cache_hits,))
+            db.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE "
+                       "SET value = CAST(value AS INTEGER) + excluded.value", (hits_key, cache_hits))
             db.executemany(
-                "INSERT OR REPLACE INTO evaluations (genome, example, context, answer, tokens, is_correct, "
+                f"INSERT OR REPLACE INTO {_table(table)} (genome, example, context, answer, tokens, is_correct, "
                 "reasoning, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 [(g, e, context, a.answer, a.tokens, int(a.is_correct), a.reasoning, now)
                  for (g, e), a in answers.items()])
@@ -456,8 +500,42 @@ class RunArchive:
         return [created for (created,) in self._query("SELECT created FROM evaluations ORDER BY created")]
 
     def metric_calls(self) -> int:
-        """Fresh (genome, example) evaluations ever made in this run directory."""
+        """Fresh (genome, example) evaluations ever made in this run directory by the search
+        (the checks' answers are counted apart: `check_calls`)."""
         return int(self._query("SELECT count(*) FROM evaluations")[0][0])
+
+    # -- the checks (held-out set, unsteered baseline) ---------------------------------------
+
+    def has_table(self, table: str) -> bool:
+        """Whether the file has `table` (an archive written before the checks opened read
+        only has none of theirs)."""
+        return bool(self._query("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?",
+                                (table,))[0][0])
+
+    def check_calls(self) -> tuple[int, int]:
+        """(fresh answers, answers served from a cache) of the checks."""
+        if not self.has_table("check_answers"):
+            return 0, 0
+        return (int(self._query("SELECT count(*) FROM check_answers")[0][0]),
+                int(self.meta("check_cache_hits", "0") or 0))
+
+    def record_checks(self, split: str, results: Sequence[CheckResult]) -> None:
+        """Replaces what the checks of `split` had measured (a held-out set changed between
+        sessions leaves no stale rows)."""
+        with self._transaction() as db:
+            db.execute("DELETE FROM check_results WHERE split = ?", (split,))
+            db.executemany("INSERT INTO check_results (split, genome, examples, mean_tokens, correctness, fitness, "
+                           "created) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                           [(split, r.genome, r.examples, r.mean_tokens, r.correctness, r.fitness, time.time())
+                            for r in results])
+
+    def checks(self, split: str) -> dict[str, CheckResult]:
+        """What the checks measured on `split`, by genome key."""
+        if not self.has_table("check_results"):
+            return {}
+        rows = self._query("SELECT split, genome, examples, mean_tokens, correctness, fitness FROM check_results "
+                           "WHERE split = ? ORDER BY created, genome", (split,))
+        return {r[1]: CheckResult(*r) for r in rows}
 
     # -- reflector calls --------------------------------------------------------------------
 
@@ -476,6 +554,10 @@ class RunArchive:
             "FROM reflector_calls")[0]
         return int(calls), int(prompt), int(completion)
 
+    def reflector_seconds(self) -> float:
+        """The latency of every reflector attempt, summed: what the reflector cost in time."""
+        return float(self._query("SELECT coalesce(sum(latency), 0) FROM reflector_calls")[0][0])
+
     def calls_about(self, cid: int) -> list[CallRecord]:
         rows = self._query("SELECT kind, candidate, parents, generation, attempt, prompt_tokens, completion_tokens, "
                            "latency, verdict FROM reflector_calls WHERE candidate = ? ORDER BY id", (cid,))
@@ -483,6 +565,30 @@ class RunArchive:
 
     def integrity(self) -> str:
         return str(self._query("PRAGMA integrity_check")[0][0])
+
+
+class CheckStore:
+    """The checks' `AnswerStore`: an answer the search already made is served from the
+    search's table, every fresh one goes to `check_answers`, so a check never adds to
+    the search's metric calls nor changes what the search's cache serves."""
+
+    def __init__(self, archive: RunArchive) -> None:
+        self.archive = archive
+
+    def cached(self, genomes: Sequence[str], examples: Sequence[str], context: str) -> dict[tuple[str, str], Answer]:
+        found = self.archive.cached(genomes, examples, context, table="check_answers")
+        found.update(self.archive.cached(genomes, examples, context))
+        return found
+
+    def store(self, answers: Mapping[tuple[str, str], Answer], context: str, cache_hits: int) -> None:
+        self.archive.store(answers, context, cache_hits, table="check_answers")
+
+
+def _table(name: str) -> str:
+    """Table names are never user input, but the f-strings above would take any."""
+    if name not in ("evaluations", "check_answers"):
+        raise ValueError(f"no answer table {name!r}")
+    return name
 
 
 _COLUMNS = ("id, deltas, scratchpad, operator, strategy, generation, status, note, fitness, mean_tokens, "

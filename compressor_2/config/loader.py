@@ -43,6 +43,8 @@ class Config:
     pool_indices: str
     prompt_template_path: Path | None
     evidence_max_chars: int
+    holdout_data: Path | None  # the held-out file; None: FINANCEBENCH_JSONL_PATH (with holdout_indices)
+    holdout_indices: str  # "" with holdout_data None: no held-out check
     # Engine
     engine: EngineName
     model_path: str
@@ -214,6 +216,12 @@ def _build(r: Reader) -> Config:
         re.fullmatch(r"all|\d+(-\d+)?(\s*,\s*\d+(-\d+)?)*", pool) is not None,
         f"CONFIG_FINANCEBENCH_POOL_INDICES={pool!r} must be 'all' or indices/ranges like '0,3,5-9'",
     )
+    holdout_data = r.string("HOLDOUT_DATA").strip()
+    holdout_indices = r.string("HOLDOUT_INDICES").strip()
+    require(
+        holdout_indices == "" or re.fullmatch(r"all|\d+(-\d+)?(\s*,\s*\d+(-\d+)?)*", holdout_indices) is not None,
+        f"CONFIG_HOLDOUT_INDICES={holdout_indices!r} must be empty, 'all' or indices/ranges like '64-99'",
+    )
     template = r.string("PROMPT_TEMPLATE_PATH").strip()
     urls = tuple(u.strip().rstrip("/") for u in r.string("SGLANG_URLS").split(",") if u.strip())
     for url in urls:
@@ -234,6 +242,8 @@ def _build(r: Reader) -> Config:
         pool_indices=pool,
         prompt_template_path=Path(template) if template else None,
         evidence_max_chars=r.integer("EVIDENCE_MAX_CHARS"),
+        holdout_data=Path(holdout_data) if holdout_data else None,
+        holdout_indices=holdout_indices,
         engine=r.choice({"ENGINE_TRANSFORMERS": "transformers", "ENGINE_SGLANG": "sglang"}),  # type: ignore[arg-type]
         model_path=r.string("MODEL_PATH"),
         max_new_tokens=r.integer("MAX_NEW_TOKENS"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,25 @@ def examples_from_config(config: Config, indices: str | None = None) -> list[Exa
         load_template(config.prompt_template_path),
         config.evidence_max_chars,
     )
+
+
+def holdout_examples(config: Config, pool: Sequence[Example]) -> list[Example]:
+    """CONFIG_HOLDOUT_DATA / CONFIG_HOLDOUT_INDICES (none when both are empty), refused when
+    one of them is also in the training `pool` (the same id, or the same prompt): a
+    held-out score over questions the search was trained on would flatter it."""
+    if config.holdout_data is None and not config.holdout_indices:
+        return []
+    source = "CONFIG_HOLDOUT_INDICES" if config.holdout_data is None else "CONFIG_HOLDOUT_DATA"
+    examples = load_examples(config.holdout_data or config.financebench_jsonl_path,
+                             config.holdout_indices or "all", load_template(config.prompt_template_path),
+                             config.evidence_max_chars)
+    ids, prompts = {ex.id for ex in pool}, {ex.prompt for ex in pool}
+    for ex in examples:
+        if ex.id in ids or ex.prompt in prompts:
+            raise ConfigError(f"{source}: held-out example {ex.id!r} is also in the training pool "
+                              "(CONFIG_FINANCEBENCH_JSONL_PATH, CONFIG_FINANCEBENCH_POOL_INDICES): the held-out "
+                              "questions must be disjoint from the pool")
+    return examples
 
 
 def _read_records(path: Path) -> list[dict[str, Any]]:

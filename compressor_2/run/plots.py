@@ -13,9 +13,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
 
 from compressor_2.atomic import atomic_write_bytes  # noqa: E402
+from compressor_2.run.front import Point, pareto_front  # noqa: E402
 
 FITNESS_PLOT = "fitness_vs_generation.png"
 LENGTHS_PLOT = "evolution_lengths.png"
+FRONT_PLOT = "front.png"
 
 
 def save_figure(fig: Any, path: Path, dpi: int = 110) -> None:
@@ -69,4 +71,31 @@ def plot_archive(snapshots: Sequence[dict[str, Any]], path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
+    save_figure(fig, path)
+
+
+def plot_front(points: Sequence[Point], baseline: Point | None, best: Point | None, path: Path) -> None:
+    """Every candidate's mean answer tokens against its correctness on the training pool,
+    the non-dominated front as a line, and the unsteered baseline and the best marked."""
+    front = pareto_front(points)
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    ax.scatter([p.tokens for p in points], [100 * p.correctness for p in points], s=12, color="#1f77b4",
+               alpha=0.25, linewidths=0, label=f"candidates ({len(points)})")
+    ax.plot([p.tokens for p in front], [100 * p.correctness for p in front], "o-", color="#1f77b4", markersize=4,
+            label=f"front ({len(front)}: fewer tokens, at least as correct)")
+    if baseline is not None:
+        ax.scatter([baseline.tokens], [100 * baseline.correctness], marker="s", s=70, color="#7f7f7f",
+                   edgecolors="black", zorder=3, label=f"unsteered baseline ({baseline.tokens:.1f} tokens)")
+    if best is not None:
+        ax.scatter([best.tokens], [100 * best.correctness], marker="*", s=220, color="#d62728", edgecolors="black",
+                   zorder=4, label=f"best fitness #{best.id} ({best.tokens:.1f} tokens)")
+    ax.set_xlabel("mean answer tokens on the training pool")
+    ax.set_ylabel("correct answers (%)")
+    ax.set_xlim(left=0)
+    ax.set_ylim(top=100 * max(p.correctness for p in [*points, *filter(None, (baseline, best))]) + 2.5)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    # Fixed margins rather than tight_layout, which would cost as much as the drawing: the
+    # front is redrawn after every step.
+    fig.subplots_adjust(left=0.1, right=0.98, bottom=0.12, top=0.97)
     save_figure(fig, path)

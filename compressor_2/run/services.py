@@ -1,6 +1,7 @@
 """What every strategy is handed: `Run`, the run's shared services (the archive, the
 evaluator whose answers it caches, the reflector, the pool of reflector calls, the budget,
-the best-ever tracker), with the helpers every strategy's loop calls on them."""
+the best-ever tracker), with the helpers every strategy's loop calls on them, and the
+outputs every strategy shares (front.png, report.html), refreshed between steps."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from compressor_2.fitness import Evaluation, Evaluator
 from compressor_2.reflector.base import Reflector
 from compressor_2.run.best import BestEver
 from compressor_2.run.budget import Budget
+from compressor_2.run.outputs import refresh_outputs
 from compressor_2.run.progress import answers_bar
 
 
@@ -37,6 +39,7 @@ class Run:
     budget: Budget
     best: BestEver
     started: float  # perf_counter at this session's start
+    heldout: tuple[Example, ...] = ()  # CONFIG_HOLDOUT_*: checked when the run stops, never searched on
 
     @property
     def out(self) -> Path:
@@ -72,9 +75,16 @@ class Run:
         self.archive.rollback(0, from_step=step)
 
     def stop_reason(self) -> str | None:
-        """Asked between steps: the first budget reached, if any."""
+        """Asked between steps (every strategy does, at the end of each): the outputs every
+        strategy shares are brought up to date, then the first budget reached, if any."""
         self.budget.checkpoint()
-        return self.budget.exhausted()
+        reason = self.budget.exhausted()  # what the steps spent, not the drawing below
+        self.refresh()
+        return reason
+
+    def refresh(self) -> Path:
+        """front.png and report.html, from the archive as it stands; returns the report's path."""
+        return refresh_outputs(self.archive, self.out, self.examples, self.heldout)
 
 
 def resume_command() -> str:

@@ -28,6 +28,7 @@ from compressor_2.atomic import atomic_write_json
 from compressor_2.run.plots import plt, save_figure
 
 TREE_FILE = "tree.json"
+TREE_PLOT = "evolution_tree.png"
 STAGE_X = {"pop": 0, "pre": 1, "mut": 2, "cand": 1}
 EDGE_STYLE = {"parent": ("#555555", "solid"), "mutation": ("#1f77b4", "solid"), "carry": ("#aaaaaa", "dotted"),
               "ancestor": ("#2ca02c", "dashed")}

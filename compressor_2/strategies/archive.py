@@ -45,7 +45,7 @@ from compressor_2.run.plots import FITNESS_PLOT, LENGTHS_PLOT, plot_archive, plo
 from compressor_2.run.progress import say
 from compressor_2.run.services import Run, resume_command
 from compressor_2.run.state import Member, capture_rng_of, load_strategy_state, restore_rng
-from compressor_2.run.tree import TREE_FILE, EvolutionTree, cand_id
+from compressor_2.run.tree import TREE_FILE, TREE_PLOT, EvolutionTree, cand_id
 from compressor_2.strategies.archive_ops import (
     PADDED_RATIO,
     Issue,
@@ -62,7 +62,6 @@ NAME = "archive"
 STATE_FILE = "archive_state.json"
 SNAPSHOTS_FILE = "snapshots.jsonl"
 PROGRESS_PLOT = "archive_progress.png"
-TREE_PLOT = "evolution_tree.png"
 EOS_CLUSTER, NUMBERS_CLUSTER = "0", "1"
 SEED_STEP = -1  # the seed candidate is placed before iteration 0
 # What it writes in the run directory besides the shared services' files.

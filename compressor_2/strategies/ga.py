@@ -44,7 +44,7 @@ from compressor_2.run.plots import FITNESS_PLOT, LENGTHS_PLOT, plot_fitness, plo
 from compressor_2.run.progress import answers_bar, generation_line, ordinal, say
 from compressor_2.run.services import Run, resume_command
 from compressor_2.run.state import Member, capture_rng, restore_rng, seed_rng
-from compressor_2.run.tree import TREE_FILE, EvolutionTree, mut_id, pop_id, pre_id
+from compressor_2.run.tree import TREE_FILE, TREE_PLOT, EvolutionTree, mut_id, pop_id, pre_id
 from compressor_2.strategies.ga_individual import (
     Individual,
     initial_population,
@@ -56,7 +56,6 @@ from compressor_2.strategies.ga_operators import RRState, make_fallback, make_se
 from compressor_2.strategies.ga_state import STATE_FILE, EvolutionState, check_against_archive, load_state, save_state
 
 NAME = "ga"
-TREE_PLOT = "evolution_tree.png"
 INITIAL_STEP = -1  # the initial population is placed before generation 0
 # What it writes in the run directory besides the shared services' files.
 OUTPUT_FILES = (STATE_FILE, TREE_PLOT)

@@ -43,7 +43,7 @@ from compressor_2.run.plots import FITNESS_PLOT, LENGTHS_PLOT, plot_archive, plo
 from compressor_2.run.progress import say
 from compressor_2.run.services import Run, resume_command
 from compressor_2.run.state import Member, capture_rng_of, load_strategy_state, restore_rng
-from compressor_2.run.tree import TREE_FILE, EvolutionTree, cand_id
+from compressor_2.run.tree import TREE_FILE, TREE_PLOT, EvolutionTree, cand_id
 from compressor_2.strategies.gepa_pareto import (
     EpochSampler,
     find_merge_triplet,
@@ -61,7 +61,6 @@ NAME = "gepa"
 STATE_FILE = "gepa_state.json"
 FRONT_FILE = "pareto_front.json"
 PROGRESS_PLOT = "gepa_progress.png"
-TREE_PLOT = "evolution_tree.png"
 SEED_STEP = -1
 # What it writes in the run directory besides the shared services' files.
 OUTPUT_FILES = (STATE_FILE, FRONT_FILE, PROGRESS_PLOT, TREE_PLOT)

@@ -29,9 +29,8 @@ from compressor_2.run.plots import FITNESS_PLOT, LENGTHS_PLOT, plot_fitness, plo
 from compressor_2.run.progress import say
 from compressor_2.run.services import Run, resume_command
 from compressor_2.run.state import Member, capture_rng, load_strategy_state, restore_rng, seed_rng
-from compressor_2.run.tree import TREE_FILE, EvolutionTree, cand_id
+from compressor_2.run.tree import TREE_FILE, TREE_PLOT, EvolutionTree, cand_id
 
-TREE_PLOT = "evolution_tree.png"
 SEED_STEP = -1
 
 

@@ -1,0 +1,117 @@
+"""`python -m compressor_2 export`: the candidate to deploy for the correctness you can give up.
+
+`--max-correctness-drop D` takes the shortest candidate on the tokens-versus-correctness
+front (on the training pool) whose correctness is at most D below the unsteered
+baseline's; `--candidate ID` takes that one. Its deltas (with the cluster fingerprint
+sidecar) and its SGLang processor are written to `--out` (a deltas JSON path; the
+processor beside it), by default beside deltas_best.json as
+deltas_candidate_<id>.json and processor_candidate_<id>.py. The run archive is read only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from compressor_2.archive.database import ARCHIVE_FILE, Candidate, RunArchive
+from compressor_2.atomic import atomic_write_json, why_unwritable
+from compressor_2.config import Config
+from compressor_2.deltas import fingerprint_path, write_fingerprint
+from compressor_2.errors import ConfigError
+from compressor_2.run.best import DELTAS_BEST
+from compressor_2.run.checks import best_point, candidate_points, training_baseline
+from compressor_2.run.front import Point, affordable, pareto_front
+
+
+def run_export(config: Config, max_drop: float | None, candidate_id: int | None, out: Path | None,
+               force: bool = False) -> None:
+    from compressor_2.steering.generate import generate_processor
+
+    archive = RunArchive.open_read_only(config.output_dir / ARCHIVE_FILE)
+    try:
+        candidate, why = choose(archive, max_drop, candidate_id)
+    finally:
+        archive.close()
+    assert candidate.id is not None
+    deltas_path = out if out is not None else config.output_dir / f"deltas_candidate_{candidate.id}.json"
+    processor_path = deltas_path.with_name(f"processor_{deltas_path.stem.removeprefix('deltas_')}.py")
+    refuse_run_files(config, [deltas_path, fingerprint_path(deltas_path), processor_path])
+    if deltas_path.is_dir():
+        raise ConfigError(f"export --out '{deltas_path}' is a directory: name the deltas JSON file to write")
+    if reason := why_unwritable(deltas_path.parent):
+        raise ConfigError(f"export --out '{deltas_path}': its directory {reason}")
+    print(why)
+    atomic_write_json(deltas_path, dict(candidate.deltas))
+    write_fingerprint(deltas_path, run_fingerprint(config))
+    # The processor is checked against the current clusters: deltas evolved on others are
+    # refused (unless --force) rather than deployed to steer the wrong tokens.
+    generate_processor(config, deltas_path=deltas_path, out=processor_path, force=force)
+    print(f"wrote {deltas_path} (its clusters recorded in {fingerprint_path(deltas_path).name})")
+
+
+def choose(archive: RunArchive, max_drop: float | None, candidate_id: int | None) -> tuple[Candidate, str]:
+    """The candidate to export and one line on why it was chosen."""
+    points = {p.id: p for p in candidate_points(archive)}
+    if candidate_id is not None:
+        candidate = archive.candidate(candidate_id)
+        if candidate is None:
+            raise ConfigError(f"export --candidate {candidate_id}: no such candidate in '{archive.path}' "
+                              f"(it holds ids 1..{archive.last_candidate_id()})")
+        point = points.get(candidate_id)
+        return candidate, f"candidate #{candidate_id}" + (f": {_describe(point)} on the training pool" if point else
+                                                         " (not assessed on the whole pool)")
+    assert max_drop is not None
+    if not 0 <= max_drop <= 1:
+        raise ConfigError(f"export --max-correctness-drop {max_drop:g} must be a fraction in [0, 1] "
+                          "(0.01: one point of correctness)")
+    baseline = training_baseline(archive)
+    if baseline is None:
+        raise ConfigError(f"'{archive.path}' has no unsteered baseline yet (the all-zero deltas, measured when "
+                          "the run starts or stops): rerun evolve, or export with --candidate ID")
+    front = pareto_front(points.values())
+    chosen = affordable(front, baseline.correctness, max_drop)
+    if chosen is None:
+        raise ConfigError(no_candidate_line(front, baseline, max_drop))
+    candidate = archive.candidate(chosen.id)
+    assert candidate is not None
+    best = best_point(archive)
+    return candidate, (f"candidate #{chosen.id}, the shortest on the front within {max_drop:g} of the baseline's "
+                       f"correctness; on the training pool: {_describe(chosen)}, the baseline {_describe(baseline)}"
+                       + (f", the best by fitness (#{best.id}) {_describe(best)}" if best is not None else ""))
+
+
+def no_candidate_line(front: Sequence[Point], baseline: Point, max_drop: float) -> str:
+    most = max(front, key=lambda p: (p.correctness, -p.tokens), default=None)
+    return (f"export --max-correctness-drop {max_drop:g}: no candidate on the front is within {max_drop:g} of the "
+            f"baseline's correctness ({100 * baseline.correctness:.1f}%)"
+            + (f" (the most correct is #{most.id} at {100 * most.correctness:.1f}%)" if most is not None else "")
+            + ": allow a larger drop, or export with --candidate ID")
+
+
+def _describe(p: Point) -> str:
+    return f"{p.tokens:.1f} tokens at {100 * p.correctness:.1f}% correct"
+
+
+def refuse_run_files(config: Config, paths: Sequence[Path]) -> None:
+    """Export never writes over a file a run owns (deltas_best.json, the archive, ...).
+    One function, so the shared output guard can take its place."""
+    from compressor_2.run_directory import is_run_directory, owned_files
+
+    owned = owned_files()
+    for path in paths:
+        if path.name in owned and is_run_directory(path.parent, config):
+            raise ConfigError(f"export --out '{path}' would overwrite a file of the run in '{path.parent}': "
+                              "choose another name, e.g. deltas_fast.json")
+
+
+def run_fingerprint(config: Config) -> str:
+    """The clusters the run evolved on, as deltas_best.json's sidecar records them, else
+    the current clusters'."""
+    from compressor_2.clusters.clusterset import cluster_map_digest, load_cluster_set
+
+    sidecar = fingerprint_path(config.output_dir / DELTAS_BEST)
+    try:
+        return str(json.loads(sidecar.read_text(encoding="utf-8"))["cluster_map"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return cluster_map_digest(load_cluster_set(config))

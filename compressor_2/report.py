@@ -1,0 +1,22 @@
+"""`python -m compressor_2 report`: report.html written into the run directory, from the run
+archive and the files beside it (read only; any strategy, finished, interrupted or
+running). `evolve` refreshes the same page at the end of every step."""
+
+from __future__ import annotations
+
+from compressor_2.archive.database import ARCHIVE_FILE, RunArchive
+from compressor_2.config import Config
+from compressor_2.run.report import write_report
+
+
+def run_report(config: Config) -> None:
+    from compressor_2.data.financebench import examples_from_config, holdout_examples
+
+    pool = examples_from_config(config)
+    heldout = holdout_examples(config, pool)
+    archive = RunArchive.open_read_only(config.output_dir / ARCHIVE_FILE)
+    try:
+        path = write_report(archive, config.output_dir, pool, heldout)
+    finally:
+        archive.close()
+    print(f"wrote {path}")

@@ -1,0 +1,167 @@
+"""report.html: one self-contained page that answers "what did I gain?" for a run.
+
+It reads the run archive and the run directory only (a finished, interrupted or running
+run of any strategy), so `evolve` refreshes it at the end of every step and the
+`report` command writes it for any run. The page is rendered by Jinja2 from
+`report.html.j2` with autoescaping on: answers are model output, and model output is
+hostile. Images are inlined as data URIs, so the file needs no network and no folder.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from compressor_2.archive.database import Answer, Candidate, RunArchive, genome_key
+from compressor_2.atomic import atomic_write_text
+from compressor_2.data.example import Example
+from compressor_2.fitness import example_key
+from compressor_2.run.checks import HELDOUT, best_point, candidate_points, gain, training_baseline, zero_genome
+from compressor_2.run.front import pareto_front
+from compressor_2.run.plots import FITNESS_PLOT, FRONT_PLOT, LENGTHS_PLOT
+from compressor_2.run.tree import TREE_PLOT
+
+REPORT_FILE = "report.html"
+TEMPLATE = "report.html.j2"
+# The step plots shown, in order, when the run directory has them; a strategy's own
+# progress plot (`*_progress.png`) follows, and the tree comes last, full width.
+FIGURES = ((FITNESS_PLOT, "Fitness by step"), (LENGTHS_PLOT, "Answer length by step"))
+
+
+def status(archive: RunArchive) -> str:
+    """The run's state from its last start, stop, interruption or failure."""
+    events = [e for e in archive.events() if e[0] in ("start", "stop", "interrupted", "failed")]
+    if not events:
+        return "never started"
+    kind, detail, _ = events[-1]
+    if kind == "stop":
+        return f"stopped: {detail['reason']}"
+    if kind == "failed":
+        return f"failed: {detail['error']} (rerun evolve to resume)"
+    if kind == "interrupted":
+        return "interrupted (rerun evolve to resume)"
+    return "running, or killed (no stop recorded since the last start; rerun evolve to resume)"
+
+
+@dataclass(frozen=True)
+class Side:
+    """One genome's answer to one example."""
+
+    text: str
+    tokens: int
+    correct: bool
+
+
+@dataclass(frozen=True)
+class Row:
+    example: Example
+    baseline: Side | None
+    best: Side | None
+
+    @property
+    def broken(self) -> bool:
+        """The steering broke it: the baseline was right and the best is wrong."""
+        return self.baseline is not None and self.best is not None and self.baseline.correct and not self.best.correct
+
+    @property
+    def order(self) -> int:
+        """Failures first: broken, both wrong, fixed by the steering, both right, unanswered."""
+        if self.baseline is None or self.best is None:
+            return 4
+        return {(True, False): 0, (False, False): 1, (False, True): 2, (True, True): 3}[
+            (self.baseline.correct, self.best.correct)]
+
+
+def answer_rows(examples: Sequence[Example], baseline: Mapping[str, Answer], best: Mapping[str, Answer]) -> list[Row]:
+    """One row per example, failures first (in example order within each kind)."""
+    rows = [Row(ex, _side(baseline.get(example_key(ex))), _side(best.get(example_key(ex)))) for ex in examples]
+    return sorted(rows, key=lambda r: r.order)
+
+
+def _side(answer: Answer | None) -> Side | None:
+    return None if answer is None else Side(answer.answer, answer.tokens, answer.is_correct)
+
+
+def write_report(archive: RunArchive, out: Path, pool: Sequence[Example], heldout: Sequence[Example]) -> Path:
+    """Renders the run in `out` (its archive open in `archive`) to out/report.html."""
+    path = out / REPORT_FILE
+    atomic_write_text(path, render(archive, out, pool, heldout))
+    return path
+
+
+def render(archive: RunArchive, out: Path, pool: Sequence[Example], heldout: Sequence[Example]) -> str:
+    context = archive.meta("context", "") or ""
+    points = candidate_points(archive)
+    best, baseline = best_point(archive), training_baseline(archive)
+    best_candidate = archive.candidate(best.id) if best is not None else None
+    zeros = zero_genome(archive)
+    heldout_results = archive.checks(HELDOUT)
+    front = pareto_front(points)
+    by_id = {c.id: c for c in archive.candidates()}
+
+    def answers(genome: str | None) -> dict[str, Answer]:
+        if genome is None:
+            return {}
+        return {**archive.answers_for(genome, context, table="check_answers"), **archive.answers_for(genome, context)}
+
+    best_genome = genome_key(list(best_candidate.deltas.values())) if best_candidate is not None else None
+    base_answers, best_answers = answers(zeros), answers(best_genome)
+    calls, prompt, completion = archive.reflector_tokens()
+    check_fresh, check_cached = archive.check_calls()
+    lineage: list[Candidate] = []
+    if best is not None:
+        lineage = [by_id[a] for a in archive.lineage().ancestors(best.id)] + [by_id[best.id]]
+    return _template().render(
+        run_dir=str(out), generated=datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S"),
+        strategy=archive.meta("strategy", "?"), status=status(archive),
+        candidates=len(by_id), metric_calls=archive.metric_calls(), cache_hits=archive.cache_hits(),
+        check_fresh=check_fresh, check_cached=check_cached,
+        reflector_calls=calls, prompt_tokens=prompt, completion_tokens=completion,
+        reflector_seconds=archive.reflector_seconds(),
+        wall_minutes=float(archive.meta("wall_seconds", "0") or 0) / 60,
+        gain=gain(archive), best=best, baseline=baseline,
+        baseline_heldout=heldout_results.get(zeros or ""),
+        best_heldout=heldout_results.get(best_genome or ""),
+        heldout_size=len(heldout),
+        front=[(p, heldout_results.get(genome_key(list(by_id[p.id].deltas.values())))) for p in front],
+        front_image=_data_uri(out / FRONT_PLOT), figures=_figures(out), tree_image=_data_uri(out / TREE_PLOT),
+        lineage=[_lineage_entry(c) for c in lineage],
+        training_rows=answer_rows(pool, base_answers, best_answers),
+        heldout_rows=answer_rows(heldout, base_answers, best_answers) if heldout else [],
+        baseline_is_candidate=baseline is not None and baseline.id != 0,
+    )
+
+
+def _lineage_entry(c: Candidate) -> dict[str, object]:
+    made = f"{c.operator} of {', '.join(f'#{p}' for p in c.parents)}" if c.parents else c.operator
+    return {"id": c.id, "generation": c.generation, "made": made, "fitness": c.fitness, "tokens": c.mean_tokens,
+            "correctness": c.correctness, "note": c.note}
+
+
+@functools.cache
+def _template() -> jinja2.Template:
+    """Compiled once a process: evolve renders the page after every step."""
+    environment = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent), autoescape=True,
+                                     undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    return environment.get_template(TEMPLATE)
+
+
+def _figures(out: Path) -> list[tuple[str, str]]:
+    """(title, data URI) of each step plot the run directory has."""
+    named = [(out / name, title) for name, title in FIGURES]
+    named += [(path, path.stem.replace("_", " ").capitalize()) for path in sorted(out.glob("*_progress.png"))]
+    return [(title, uri) for path, title in named if (uri := _data_uri(path))]
+
+
+def _data_uri(path: Path) -> str:
+    """The PNG at `path` inlined, or '' when the run has not drawn it."""
+    try:
+        return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+    except FileNotFoundError:
+        return ""
