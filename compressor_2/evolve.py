@@ -68,7 +68,8 @@ def evolve(config: Config) -> None:
             with stop_on_first_signal():
                 # A missing API key stops us here, before the model loads.
                 reflector = make_reflector(config, clusters, recorder=archive.record_call)
-                engine = LazyEngine(config, clusters, {e.id: e.prompt for e in examples})
+                # Every prompt the run will send, the held-out check's too: checked before any work.
+                engine = LazyEngine(config, clusters, {e.id: e.prompt for e in (*examples, *heldout)})
                 context = answer_context(answer_settings(config, clusters.fingerprint))
                 archive.set_meta({"context": context})  # `show` reads this run's answers under it
                 judge = make_judge(config)
