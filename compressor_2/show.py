@@ -80,7 +80,7 @@ def summary(archive: RunArchive) -> str:
     candidates = archive.candidates()
     rejected = sum(c.status != "evaluated" for c in candidates)
     calls, prompt, completion = archive.reflector_tokens()
-    minutes = float(archive.meta("wall_seconds", "0") or 0) / 60
+    minutes = archive.meta_count("wall_seconds") / 60
     lines = [
         f"run           {archive.path.parent}",
         f"strategy      {archive.meta('strategy', '?')}",
