@@ -51,8 +51,9 @@ def archive_options(r: Reader) -> ArchiveOptions:
             percentile = math.nan
         require(0 <= percentile <= 100, f"CONFIG_ARCHIVE_MIDPOINT={midpoint!r}: a percentile is p0 .. p100")
     else:
-        fixed = r.number("ARCHIVE_MIDPOINT")
-        # The sigmoid's exponent is sharpness x (fitness - midpoint), and a fitness lies in [0, 1].
+        # The sigmoid's exponent is sharpness x (fitness - midpoint), and a fitness lies in [0, 1];
+        # that range is checked here, with a hint at the percentile form.
+        fixed = r.number("ARCHIVE_MIDPOINT", -math.inf, math.inf)
         require(0 <= fixed <= 1, f"CONFIG_ARCHIVE_MIDPOINT={midpoint!r}: a fixed midpoint is a fitness in [0, 1] "
                  f"(or write p{midpoint} for a percentile of the archive's fitness values)")
     weights = []

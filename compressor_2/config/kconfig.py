@@ -102,10 +102,10 @@ class Reader:
             raise ConfigError(f"CONFIG_{name}={parsed} must be {interval(low, high)}")
         return parsed
 
-    def number(self, name: str, low: float = -math.inf, high: float = math.inf, above: bool = False) -> float:
+    def number(self, name: str, low: float, high: float, above: bool = False) -> float:
         """A float option (kept in a string symbol): finite, not subnormal, and within
         [low, high] ((low, high] when `above`), bounds that keep the arithmetic it feeds
-        finite; Kconfig's help text documents them."""
+        finite; Kconfig's help text documents them. No float option is read without."""
         value = self.raw(name).strip()
         try:
             parsed = float(value)

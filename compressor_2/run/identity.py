@@ -195,12 +195,14 @@ def _text(value: object) -> str | None:
 def changes(recorded: Mapping[str, str], current: Mapping[str, str]) -> tuple[list[str], list[str]]:
     """(refused, allowed): a line per setting whose value differs, refused ones with the old
     and the new value, allowed ones with what the change means. A setting the record lacks
-    (a compressor_2 that did not know it started the run) is taken as it is now."""
+    (a compressor_2 that did not know it started the run) is taken as it is now; one this
+    config does not use depends on one that changed (another strategy, judge or selection),
+    whose line says so."""
     refused, allowed = [], []
     for s in SETTINGS:
-        if s.name not in recorded or recorded.get(s.name) == current.get(s.name):
+        if s.name not in recorded or s.name not in current or recorded[s.name] == current[s.name]:
             continue
-        old, new = recorded.get(s.name, "(not used)"), current.get(s.name, "(not used)")
+        old, new = recorded[s.name], current[s.name]
         if s.may_change:
             allowed.append(f"{s.name}: {old} -> {new}: {s.may_change}")
         else:

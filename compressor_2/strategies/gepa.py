@@ -40,11 +40,11 @@ from compressor_2.reflector.base import MutationRequest, VectorRequest
 from compressor_2.reflector.prompts import estimated_call_tokens
 from compressor_2.run import fields
 from compressor_2.run.budget import Cost
+from compressor_2.run.fields import FieldError
 from compressor_2.run.history import HISTORY_FILE, load_history, save_history
 from compressor_2.run.plots import FITNESS_PLOT, LENGTHS_PLOT, plot_archive, plot_fitness, plot_lengths
 from compressor_2.run.progress import say
 from compressor_2.run.services import Run, resume_command
-from compressor_2.run.fields import FieldError
 from compressor_2.run.state import Member, capture_rng_of, held_list, load_strategy_state, restore_rng
 from compressor_2.run.tree import TREE_FILE, EvolutionTree, cand_id
 from compressor_2.strategies.gepa_pareto import (
