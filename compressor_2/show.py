@@ -11,13 +11,17 @@ initial deltas).
 
 from __future__ import annotations
 
+import json
 import textwrap
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from compressor_2.archive.database import ARCHIVE_FILE, Answer, Candidate, RunArchive, genome_key
 from compressor_2.config import Config
 from compressor_2.errors import ConfigError
 from compressor_2.fitness import example_key
+from compressor_2.json_values import as_float, shown
 
 ANSWER_WIDTH = 100
 SHOWN = 20  # archive members and feedback entries listed in the summary
@@ -39,9 +43,7 @@ def front_and_merges(config: Config, archive: RunArchive) -> str:
     lines = []
     front_path = config.output_dir / "pareto_front.json"
     if front_path.is_file():
-        import json
-
-        front = json.loads(front_path.read_text(encoding="utf-8"))
+        front = _front(front_path)
         lines += ["", f"Pareto front over {len(front)} valset examples (best score: candidates there):"]
         lines += [f"  {example}  {entry['score']:.4f}: {', '.join(f'#{c}' for c in entry['candidates'])}"
                   for example, entry in front.items()]
@@ -52,6 +54,24 @@ def front_and_merges(config: Config, archive: RunArchive) -> str:
                   f"{', '.join(f'#{s}' for s in sources)}: {'kept' if kept else 'rejected'}"
                   for c, a, b, anc, sources, kept in merges]
     return "\n".join(lines)
+
+
+def _front(path: Path) -> dict[str, dict[str, Any]]:
+    """pareto_front.json, written for other tools and read here only: {example: {score,
+    candidates}}; a hand-edited one is refused, naming the entry."""
+    try:
+        front = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"'{path}' cannot be read ({exc}); the next GEPA iteration writes it again") from None
+    if not isinstance(front, dict):
+        raise ConfigError(f"'{path}' holds {shown(front)}, not an object {{example: {{score, candidates}}}}")
+    for example, entry in front.items():
+        if (not isinstance(entry, dict) or as_float(entry.get("score")) is None
+                or not isinstance(entry.get("candidates"), list)
+                or not all(type(c) is int for c in entry["candidates"])):
+            raise ConfigError(f"'{path}': {example} is {shown(entry)}, not {{\"score\": a number, \"candidates\": "
+                              "[ids]}; the next GEPA iteration writes it again")
+    return front
 
 
 def describe(c: Candidate) -> str:

@@ -216,6 +216,14 @@ def shortened_mean(raw: Any) -> None:
     raw["sampler"]["centroid"].pop()
 
 
+def edited_front(scene: Scene) -> list[str]:
+    def edit(front: Any) -> None:
+        next(iter(front.values()))["score"] = "high"
+
+    argv = scene.edit_run_file("pareto_front.json", edit, "gepa")
+    return ["show", *argv[1:]]
+
+
 def garbled_snapshots(scene: Scene) -> list[str]:
     argv = scene.edit_run_file("archive_state.json", lambda raw: None, "archive")
     with (scene.out / "snapshots.jsonl").open("a", encoding="utf-8") as handle:
@@ -463,6 +471,8 @@ CASES = [
             r"--force"),
     Case("generate-processor --out a directory", lambda s: s.processor(s.work),
          2, r"generate-processor --out '.*' is a directory: name the Python module to write"),
+    Case("show a Pareto front edited by hand", lambda s: edited_front(s),
+         2, r"pareto_front\.json': .* is \{'score': 'high', .*\}, not \{\"score\": a number"),
     Case("show a candidate id beyond SQLite's integers", lambda s: s.edit_archive(command=("show", str(10**30))),
          2, r"candidate 10{30} is not in '.*run\.sqlite'"),
     # -- issue S, item 4: answers read back from the archive are checked ----------------------------
