@@ -11,9 +11,12 @@ import fcntl
 import json
 import os
 import re
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from compressor_2.errors import ConfigError
 
 # `_temp_file`'s names: mkstemp puts 8 characters of this alphabet between prefix and suffix.
 TEMP_NAME = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
@@ -70,7 +73,19 @@ def why_unwritable(directory: Path) -> str | None:
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Writes `data` to `path` (a new path or a regular file) through a temp file and a rename.
+    Anything else at `path` is refused: the rename would replace a device node, a FIFO or
+    a symbolic link (not what it points to) with a regular file."""
     path = Path(path)
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        mode = stat.S_IFREG
+    if not stat.S_ISREG(mode):
+        kind = ("a directory" if stat.S_ISDIR(mode) else "a symbolic link" if stat.S_ISLNK(mode)
+                else "a device, FIFO or socket")
+        raise ConfigError(f"'{path}' is {kind}, not a regular file: it is not written over; move it away or "
+                          "write elsewhere")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = _temp_file(path)
     try:

@@ -52,7 +52,9 @@ def _build_clusters_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _build_clusters(config: Config, args: argparse.Namespace) -> None:
     from compressor_2.clusters.build import build_clusters
+    from compressor_2.run_directory import check_cluster_outputs
 
+    check_cluster_outputs(config)
     build_clusters(config, force=args.force)
 
 
@@ -64,8 +66,11 @@ def _generate_processor_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _generate_processor(config: Config, args: argparse.Namespace) -> None:
+    from compressor_2.run_directory import check_output_file
     from compressor_2.steering.generate import generate_processor
 
+    check_output_file(args.out, "generate-processor --out", config, {"--deltas": args.deltas}, kind="Python module",
+                      example="processor.py")
     generate_processor(config, deltas_path=args.deltas, out=args.out, force=args.force)
 
 
@@ -219,4 +224,6 @@ def _fail(args: argparse.Namespace, exc: BaseException, code: int, prefix: str =
     else:
         first = scrub(str(exc)).strip().splitlines()
         print(f"error: {prefix}{first[0] if first else type(exc).__name__}", file=sys.stderr)
+        for line in getattr(exc, "details", ()):
+            print(f"  {scrub(line)}", file=sys.stderr)
     return code

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from compressor_2.errors import ConfigError
+from compressor_2.json_values import as_float, shown
 
 Deltas = dict[str, float]
 
@@ -25,14 +25,14 @@ def validate_deltas(deltas: Mapping[str, object], expected_ids: Iterable[str], s
     if missing:
         raise ConfigError(f"{source}: cluster id(s) {', '.join(canonical_ids(missing))} missing")
     if extra:
-        shown = ", ".join(sorted(map(str, extra)))
-        raise ConfigError(f"{source}: unknown cluster id(s) {shown} (not in the cluster descriptions)")
+        names = ", ".join(sorted(map(str, extra)))
+        raise ConfigError(f"{source}: unknown cluster id(s) {names} (not in the cluster descriptions)")
     checked: Deltas = {}
     for cid in canonical_ids(expected):
-        value = deltas[cid]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ConfigError(f"{source}: delta of cluster {cid} is {value!r}, not a finite number")
-        checked[cid] = float(value)
+        value = as_float(deltas[cid])
+        if value is None:
+            raise ConfigError(f"{source}: delta of cluster {cid} is {shown(deltas[cid])}, not a finite number")
+        checked[cid] = value
     return checked
 
 
@@ -79,18 +79,26 @@ def write_fingerprint(deltas_path: Path, fingerprint: str) -> None:
     atomic_write_json(fingerprint_path(deltas_path), {"cluster_map": fingerprint})
 
 
-def check_fingerprint(deltas_path: Path, fingerprint: str, force: bool) -> None:
+def check_fingerprint(deltas_path: Path, fingerprint: str, force: bool, override: str = "pass --force") -> None:
     """Refuses deltas recorded for other clusters than `fingerprint` (unless `force`): the
-    same cluster ids would steer other tokens. A file without a record is not checked."""
+    same cluster ids would steer other tokens. A file without a record is not checked.
+    `override`: how the caller's user uses such deltas anyway."""
     sidecar = fingerprint_path(deltas_path)
     if force or not sidecar.is_file():
         return
     try:
-        recorded = json.loads(sidecar.read_text(encoding="utf-8"))["cluster_map"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"'{sidecar}' cannot be read ({exc}); remove it, or pass --force") from None
+        record = json.loads(sidecar.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"'{sidecar}' cannot be read ({exc}); remove it, or {override}") from None
+    if not isinstance(record, dict) or "cluster_map" not in record:
+        raise ConfigError(f"'{sidecar}' holds {shown(record)}, not {{\"cluster_map\": <digest>}}; remove it, "
+                          f"or {override}")
+    recorded = record["cluster_map"]
+    if not isinstance(recorded, str) or not recorded:
+        raise ConfigError(f"'{sidecar}': cluster_map is {shown(recorded)}, not the digest of a cluster map; "
+                          f"remove it, or {override}")
     if recorded != fingerprint:
-        raise ConfigError(f"'{deltas_path}' was evolved on clusters {recorded[:12]}, but the current clusters are "
-                          f"{fingerprint[:12]}: the same ids would steer other tokens. Build the clusters it was "
-                          "evolved on (the same model, CONFIG_NUM_CLUSTERS, CONFIG_PCA_COMPONENTS and "
-                          "CONFIG_CLUSTER_SEED), or pass --force")
+        raise ConfigError(f"'{deltas_path}' was made for clusters {recorded[:12]} ({sidecar.name} says so), but the "
+                          f"current clusters are {fingerprint[:12]}: the same ids would steer other tokens. Build the "
+                          "clusters it was made for (the same model, CONFIG_NUM_CLUSTERS, CONFIG_PCA_COMPONENTS and "
+                          f"CONFIG_CLUSTER_SEED), or {override}")

@@ -12,11 +12,10 @@ from typing import Any
 
 from tqdm import tqdm
 
-from compressor_2.atomic import atomic_write_json, why_unwritable
+from compressor_2.atomic import atomic_write_json
 from compressor_2.config import Config
 from compressor_2.data.example import Example
 from compressor_2.deltas import canonical_ids, check_fingerprint, load_deltas, to_dict, to_list
-from compressor_2.errors import ConfigError
 from compressor_2.fitness import Evaluation, Evaluator
 
 
@@ -27,15 +26,17 @@ def run_evaluate(config: Config, deltas_path: Path | None, indices: str | None,
     from compressor_2.data.financebench import examples_from_config
     from compressor_2.engines.registry import make_engine
     from compressor_2.judges.registry import make_judge
-    from compressor_2.run_directory import check_output_dir
+    from compressor_2.run_directory import check_cluster_outputs, check_output_dir, check_output_file
 
     # Every input is checked before the model loads: a typo should cost seconds.
+    option = "evaluate --out"
     if out is None:
         check_output_dir(config.output_dir)
         # Named after the deltas so a baseline and a best vector never overwrite each other.
         out = config.output_dir / f"evaluation_{deltas_path.stem if deltas_path else 'baseline'}.json"
-    else:
-        check_out(config, out)
+        option = "evaluate's report"
+    check_output_file(out, option, config, {"--deltas": deltas_path}, kind="JSON file", example="evaluation.json")
+    check_cluster_outputs(config)
     clusters = build_clusters(config)
     ids = canonical_ids(clusters.cluster_ids)
     if deltas_path is not None:
@@ -56,20 +57,6 @@ def run_evaluate(config: Config, deltas_path: Path | None, indices: str | None,
     print(format_summary(evaluation, kinds))
     atomic_write_json(out, report(config, ids, evaluation, examples, kinds))
     print(f"records written to {out}")
-
-
-def check_out(config: Config, out: Path) -> None:
-    """`--out` can be written, and is not one of a run's own files (an evaluation written
-    over evolution_state.json would lose the run)."""
-    from compressor_2.run_directory import is_run_directory, owned_files
-
-    if out.is_dir():
-        raise ConfigError(f"evaluate --out '{out}' is a directory: name the JSON file to write")
-    if out.name in owned_files() and is_run_directory(out.parent, config):
-        raise ConfigError(f"evaluate --out '{out}' is a file of the run in '{out.parent}': choose another name, "
-                          "e.g. evaluation.json")
-    if reason := why_unwritable(out.parent):
-        raise ConfigError(f"evaluate --out '{out}': its directory {reason}")
 
 
 def breakdown(examples: Sequence[Example], evaluation: Evaluation) -> dict[str, dict[str, float]]:

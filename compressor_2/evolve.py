@@ -1,6 +1,7 @@
 """`python -m compressor_2 evolve`: the run's services composed, and the strategy that uses them.
 
-`evolve` locks the run directory, opens the run archive, builds the evaluator (answers
+`evolve` locks the run directory, opens the run archive (recording the run's identity at
+its start, comparing it on a resume: see run/identity.py), builds the evaluator (answers
 cached in the archive), the reflector (every call recorded in it), the budget and the
 best-ever tracker, warns when the budget cannot pay for three steps, and hands them to
 the strategy named by CONFIG_STRATEGY. The strategy returns why it stopped; that reason
@@ -23,7 +24,7 @@ from typing import Any
 from compressor_2.archive.database import ARCHIVE_FILE, CheckStore, RunArchive
 from compressor_2.atomic import remove_orphans
 from compressor_2.config import Config
-from compressor_2.deltas import load_deltas
+from compressor_2.deltas import check_fingerprint, fingerprint_path, load_deltas
 from compressor_2.errors import ConfigError, RunError
 from compressor_2.fitness import Evaluator, answer_context
 from compressor_2.interrupts import signals_ignored, stop_on_first_signal
@@ -31,11 +32,12 @@ from compressor_2.reflector.prompt_log import PROMPT_DIR
 from compressor_2.run.best import DELTAS_BEST, PROCESSOR_BEST, BestEver
 from compressor_2.run.budget import Budget, Limits, shortfall
 from compressor_2.run.checks import Checks, gain, heldout_line
+from compressor_2.run.identity import RunInputs, check_identity
 from compressor_2.run.lock import run_lock
 from compressor_2.run.plots import FRONT_PLOT
 from compressor_2.run.progress import say
 from compressor_2.run.services import Run
-from compressor_2.run_directory import check_output_dir
+from compressor_2.run_directory import check_cluster_outputs, check_output_dir
 from compressor_2.strategies import load_strategy
 
 # Files a run directory of an earlier compressor_2 (before the archive) holds.
@@ -54,14 +56,21 @@ def evolve(config: Config) -> None:
     out = config.output_dir
     strategy = load_strategy(config.strategy)
     check_output_dir(out)
+    check_cluster_outputs(config)
     with run_lock(out):
         _remove_orphans(out)
         _refuse_pre_archive_directory(out)
         clusters = build_clusters(config)
         ids = list(clusters.cluster_ids)
+        digest = cluster_map_digest(clusters)
+        sidecar = fingerprint_path(config.initial_deltas_path)
+        check_fingerprint(config.initial_deltas_path, digest, force=False,
+                          override=f"delete '{sidecar}' to start from these deltas anyway")
         examples = tuple(examples_from_config(config))
         heldout = tuple(holdout_examples(config, examples))
-        archive = open_archive(out, config.strategy)
+        initial = load_deltas(config.initial_deltas_path, ids)
+        context = answer_context(answer_settings(config, clusters.fingerprint))
+        archive = open_archive(out, config, RunInputs(digest, examples, initial), context)
         pool = ThreadPoolExecutor(config.reflector_concurrency, thread_name_prefix="reflector")
         reflector, engine, budget, run, stopped = None, None, None, None, False
         try:
@@ -70,7 +79,6 @@ def evolve(config: Config) -> None:
                 reflector = make_reflector(config, clusters, recorder=archive.record_call)
                 # Every prompt the run will send, the held-out check's too: checked before any work.
                 engine = LazyEngine(config, clusters, {e.id: e.prompt for e in (*examples, *heldout)})
-                context = answer_context(answer_settings(config, clusters.fingerprint))
                 archive.set_meta({"context": context})  # `show` reads this run's answers under it
                 judge = make_judge(config)
                 evaluator = Evaluator(engine, judge, examples, config.lambda_shortness,
@@ -79,7 +87,7 @@ def evolve(config: Config) -> None:
                 checks = Checks(Evaluator(engine, judge, examples, config.lambda_shortness, config.lambda_correctness,
                                           config.shortness_scale, store=CheckStore(archive), context=context,
                                           reuse=config.temperature == 0), archive, examples, heldout, len(ids))
-                if any(load_deltas(config.initial_deltas_path, ids).values()):
+                if any(initial.values()):
                     # The search starts from other deltas than the baseline's: measure the
                     # baseline apart, before the budget's clock starts.
                     checks.measure_baseline()
@@ -88,7 +96,7 @@ def evolve(config: Config) -> None:
                 if warning:
                     say(f"warning: {warning}")
                 best = BestEver(out, ids, lambda d, o: quietly(generate_processor, config, deltas_path=d, out=o),
-                                cluster_fingerprint=cluster_map_digest(clusters))
+                                cluster_fingerprint=digest)
                 run = Run(config, ids, examples, archive, evaluator, reflector, pool, budget, best,
                           time.perf_counter(), heldout)
                 archive.event("start", strategy=config.strategy, metric_calls=archive.metric_calls())
@@ -157,15 +165,14 @@ def answer_settings(config: Config, cluster_fingerprint: str) -> dict[str, Any]:
     }
 
 
-def open_archive(out: Path, strategy: str) -> RunArchive:
+def open_archive(out: Path, config: Config, inputs: RunInputs, context: str) -> RunArchive:
+    """The run archive, its identity recorded at the run's start and compared on a resume."""
     archive = RunArchive.open(out / ARCHIVE_FILE)
-    recorded = archive.meta("strategy")
-    if recorded is None:
-        archive.set_meta({"strategy": strategy})
-    elif recorded != strategy:
+    try:
+        check_identity(archive, config, inputs, context)
+    except BaseException:
         archive.close()
-        raise ConfigError(f"'{out / ARCHIVE_FILE}' holds a run of strategy {recorded!r}, not "
-                          f"CONFIG_STRATEGY={strategy!r}: choose another CONFIG_OUTPUT_DIR for a new run")
+        raise
     return archive
 
 

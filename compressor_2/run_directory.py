@@ -1,23 +1,30 @@
-"""What a run directory holds, and where other commands may not write: the files `evolve`
-owns (the shared services' and every strategy's declared `OUTPUT_FILES`), and the check
-that CONFIG_OUTPUT_DIR can be written before any work."""
+"""What a run directory holds, and where commands may write: the files `evolve` owns (the
+shared services' and every strategy's declared `OUTPUT_FILES`, and the reflector's prompt
+log), the check that CONFIG_OUTPUT_DIR can be written before any work, and
+`check_output_file`, the one guard every command passes a file it is about to write
+through."""
 
 from __future__ import annotations
 
+import os
+import stat
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from compressor_2.archive.database import ARCHIVE_FILE
 from compressor_2.atomic import why_unwritable
+from compressor_2.clusters.clusterset import ArtifactPaths
 from compressor_2.config import Config
+from compressor_2.deltas import fingerprint_path
 from compressor_2.engines.sglang_server import LOG_NAME
 from compressor_2.errors import ConfigError
+from compressor_2.reflector.prompt_log import PROMPT_DIR
 from compressor_2.run.best import DELTAS_BEST, PROCESSOR_BEST
 from compressor_2.run.history import HISTORY_FILE
 from compressor_2.run.lock import LOCK_FILE
 from compressor_2.run.plots import FITNESS_PLOT, FRONT_PLOT, LENGTHS_PLOT
 from compressor_2.run.report import REPORT_FILE
 from compressor_2.run.tree import TREE_FILE
-from compressor_2.deltas import fingerprint_path
 from compressor_2.strategies import load_strategy, strategy_names
 
 
@@ -43,3 +50,95 @@ def owned_files() -> frozenset[str]:
 def is_run_directory(directory: Path, config: Config) -> bool:
     """CONFIG_OUTPUT_DIR, or any directory an `evolve` has locked."""
     return directory.resolve() == config.output_dir.resolve() or (directory / LOCK_FILE).exists()
+
+
+def check_output_file(out: Path, option: str, config: Config, inputs: Mapping[str, Path | None] | None = None,
+                      kind: str = "file", example: str = "", own: Sequence[Path] = ()) -> None:
+    """Refuses, in one line naming `option` (how the user named `out`, e.g. `evaluate --out`),
+    a file a command is about to write when the write would destroy something: anything
+    that is neither a new path nor a regular file (a directory, a symbolic link, a FIFO, a
+    device), a file a run owns, a cluster artifact, or one of the command's `inputs` (by the
+    option that names them) or of the config's input files. `own`: files the command itself
+    maintains (a cluster build's artifacts), which it may rewrite; `example`: a name to
+    suggest instead."""
+    where = f"{option} '{out}'"
+    try:
+        mode = os.lstat(out).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        mode = None  # a new path (or one under a file, which `why_unwritable` names below)
+    except OSError as exc:
+        raise ConfigError(f"{where} cannot be examined ({exc.strerror})") from None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise ConfigError(f"{where} is a directory: name the {kind} to write")
+    if mode is not None and not stat.S_ISREG(mode):
+        raise ConfigError(f"{where} is {file_kind(mode)}, not a regular file: a write would replace it; name a new "
+                          f"{kind} or a regular one")
+    protected = {**_config_inputs(config), **{f"its own input {name}": path for name, path in (inputs or {}).items()}}
+    target, mine = _identity(out), {_identity(p) for p in own}
+    for what, path in protected.items():
+        if path is not None and _identity(path) == target and target not in mine:
+            raise ConfigError(f"{where} is {what}: choose another name")
+    if run := _run_owning(out, config):
+        raise ConfigError(f"{where} is a file of the run in '{run}': choose another name"
+                          f"{', e.g. ' + example if example else ''}")
+    if reason := why_unwritable(out.parent):
+        raise ConfigError(f"{where}: its directory {reason}")
+
+
+def check_cluster_outputs(config: Config) -> None:
+    """What a cluster build may write outside CONFIG_CLUSTER_DIR's own artifacts, checked by
+    every command that builds clusters before it does: the descriptions (rewritten by a
+    rebuild, so never a run's file) and, when absent, the all-zero initial deltas."""
+    paths = ArtifactPaths.from_config(config)
+    own = (*paths.built(), paths.embeddings_fingerprint, paths.record, paths.initial_deltas,
+           fingerprint_path(paths.initial_deltas))
+    if run := _run_owning(paths.descriptions, config):
+        raise ConfigError(f"CONFIG_CLUSTER_DESCRIPTIONS_PATH='{paths.descriptions}' is a file of the run in '{run}': "
+                          "a cluster build would write over it; choose another path")
+    if not paths.descriptions.is_file():
+        check_output_file(paths.descriptions, "CONFIG_CLUSTER_DESCRIPTIONS_PATH", config, kind="JSON file", own=own)
+    if not paths.initial_deltas.exists():
+        check_output_file(paths.initial_deltas, "CONFIG_INITIAL_DELTAS_PATH", config, kind="JSON file", own=own)
+
+
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, for a message."""
+    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),
+                       (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _run_owning(out: Path, config: Config) -> Path | None:
+    """The run directory `out` is a file of (its own files and its prompt log), or None."""
+    if out.name in owned_files() and is_run_directory(out.parent, config):
+        return out.parent
+    if out.parent.name == PROMPT_DIR and is_run_directory(out.parent.parent, config):
+        return out.parent.parent
+    return None
+
+
+def _config_inputs(config: Config) -> dict[str, Path | None]:
+    """The files the config names as inputs, and the cluster artifacts, by what names them."""
+    paths = ArtifactPaths.from_config(config)
+    artifacts = {f"a cluster artifact in CONFIG_CLUSTER_DIR ({p.name})": p
+                 for p in (*paths.built(), paths.embeddings_fingerprint, paths.record)}
+    return {
+        "the config file (--config)": config.source,
+        "the input CONFIG_FINANCEBENCH_JSONL_PATH": config.financebench_jsonl_path,
+        "the input CONFIG_PROMPT_TEMPLATE_PATH": config.prompt_template_path,
+        "the input CONFIG_INITIAL_DELTAS_PATH": config.initial_deltas_path,
+        "the fingerprint sidecar of CONFIG_INITIAL_DELTAS_PATH": fingerprint_path(config.initial_deltas_path),
+        **artifacts,
+    }
+
+
+def _identity(path: Path) -> tuple[int, int] | Path:
+    """The same file whatever the path's spelling: (device, inode) when it exists (hard links
+    included), else the absolute path with symbolic links resolved."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return path.resolve()
+    return found.st_dev, found.st_ino

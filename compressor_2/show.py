@@ -12,13 +12,17 @@ the run's initial deltas).
 
 from __future__ import annotations
 
+import json
 import textwrap
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from compressor_2.archive.database import ARCHIVE_FILE, Answer, Candidate, CheckResult, RunArchive, genome_key
 from compressor_2.config import Config
 from compressor_2.errors import ConfigError
 from compressor_2.fitness import example_key
+from compressor_2.json_values import as_float, shown
 from compressor_2.run.checks import BASELINE_ID, HELDOUT, best_point, candidate_points, training_baseline
 from compressor_2.run.front import pareto_front
 from compressor_2.run.report import status
@@ -77,9 +81,7 @@ def front_and_merges(config: Config, archive: RunArchive) -> str:
     lines = []
     front_path = config.output_dir / "pareto_front.json"
     if front_path.is_file():
-        import json
-
-        front = json.loads(front_path.read_text(encoding="utf-8"))
+        front = _front(front_path)
         lines += ["", f"Pareto front over {len(front)} valset examples (best score: candidates there):"]
         lines += [f"  {example}  {entry['score']:.4f}: {', '.join(f'#{c}' for c in entry['candidates'])}"
                   for example, entry in front.items()]
@@ -90,6 +92,24 @@ def front_and_merges(config: Config, archive: RunArchive) -> str:
                   f"{', '.join(f'#{s}' for s in sources)}: {'kept' if kept else 'rejected'}"
                   for c, a, b, anc, sources, kept in merges]
     return "\n".join(lines)
+
+
+def _front(path: Path) -> dict[str, dict[str, Any]]:
+    """pareto_front.json, written for other tools and read here only: {example: {score,
+    candidates}}; a hand-edited one is refused, naming the entry."""
+    try:
+        front = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"'{path}' cannot be read ({exc}); the next GEPA iteration writes it again") from None
+    if not isinstance(front, dict):
+        raise ConfigError(f"'{path}' holds {shown(front)}, not an object {{example: {{score, candidates}}}}")
+    for example, entry in front.items():
+        if (not isinstance(entry, dict) or as_float(entry.get("score")) is None
+                or not isinstance(entry.get("candidates"), list)
+                or not all(type(c) is int for c in entry["candidates"])):
+            raise ConfigError(f"'{path}': {example} is {shown(entry)}, not {{\"score\": a number, \"candidates\": "
+                              "[ids]}; the next GEPA iteration writes it again")
+    return front
 
 
 def describe(c: Candidate) -> str:
@@ -104,7 +124,7 @@ def summary(archive: RunArchive) -> str:
     candidates = archive.candidates()
     rejected = sum(c.status != "evaluated" for c in candidates)
     calls, prompt, completion = archive.reflector_tokens()
-    minutes = float(archive.meta("wall_seconds", "0") or 0) / 60
+    minutes = archive.meta_count("wall_seconds") / 60
     lines = [
         f"run           {archive.path.parent}",
         f"strategy      {archive.meta('strategy', '?')}",

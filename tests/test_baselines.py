@@ -143,5 +143,5 @@ def test_the_baselines_options_are_checked(tmp_path, shared, tiny_model_dir):
         config_for(tmp_path, shared, tiny_model_dir, **{**RANDOM, "RANDOM_DISTRIBUTION": '"cauchy"'})
     with pytest.raises(ConfigError, match="CONFIG_CMAES_POPULATION=1 must be 0"):
         config_for(tmp_path, shared, tiny_model_dir, **{**CMAES, "CMAES_POPULATION": "1"})
-    with pytest.raises(ConfigError, match="CONFIG_CMAES_SIGMA=0.0 must be > 0"):
+    with pytest.raises(ConfigError, match=r"CONFIG_CMAES_SIGMA=0 must be in \[1e-6, 1000\]"):
         config_for(tmp_path, shared, tiny_model_dir, **{**CMAES, "CMAES_SIGMA": '"0"'})

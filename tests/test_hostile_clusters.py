@@ -48,7 +48,7 @@ def test_deltas_for_other_clusters_are_refused_unless_forced(tmp_path, shared, t
                     ["generate-processor", "--deltas", str(best), "--out", str(out)]):
         assert main([command[0], "--config", str(other), *command[1:]]) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and "was evolved on clusters" in err[0] and "--force" in err[0]
+        assert len(err) == 1 and "was made for clusters" in err[0] and "--force" in err[0]
     assert main(["generate-processor", "--config", str(other), "--deltas", str(best), "--out", str(out),
                  "--force"]) == 0
 
@@ -91,3 +91,27 @@ def test_a_run_on_other_clusters_does_not_rebuild_a_directory_in_use(tmp_path, s
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_initial_deltas_from_another_cluster_build_are_refused(tmp_path, shared, tiny_model_dir, capsys):
+    """Issue P, item 7: build-clusters gives the all-zero initial deltas it writes the same
+    fingerprint sidecar as deltas_best.json, and `evolve` refuses initial deltas made for
+    other clusters (here: the same ids, from a build with another CLUSTER_SEED) before any
+    work, as `evaluate` and `generate-processor` refuse such deltas."""
+    from compressor_2.clusters.clusterset import cluster_map_digest
+
+    mine = build_clusters(config_for(tmp_path, shared, tiny_model_dir))
+    initial = shared / "clusters" / "initial_deltas.json"
+    assert read_json(shared / "clusters" / "initial_deltas.clusters.json") == {"cluster_map": cluster_map_digest(mine)}
+
+    other_dir = tmp_path / "other_clusters"
+    other = write_config(tmp_path, shared, tiny_model_dir, CLUSTER_SEED="3", CLUSTER_DIR=f'"{other_dir}"',
+                         CLUSTER_DESCRIPTIONS_PATH=f'"{other_dir / "cluster_descriptions.json"}"',
+                         INITIAL_DELTAS_PATH=f'"{initial}"', NGEN="1")
+    capsys.readouterr()
+    assert main(["evolve", "--config", str(other)]) == 2
+    # The other build's own progress comes first; then one line.
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and f"'{initial}' was made for clusters {cluster_map_digest(mine)[:12]}" in err[0], err
+    assert "initial_deltas.clusters.json' to start from these deltas anyway" in err[0]
+    assert not (tmp_path / "out" / "run.sqlite").exists()

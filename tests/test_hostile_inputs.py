@@ -33,6 +33,18 @@ pytestmark = pytest.mark.slow
 RESUMED_NGEN = str(DEFAULT_NGEN + 1)
 
 
+# A small finished run of each strategy with a state file of its own: the symbols that make
+# it, and those that resume it for one more step.
+STRATEGY_RUNS = {
+    "random": ({"STRATEGY_RANDOM": "y", "RANDOM_BATCH_SIZE": "2", "RANDOM_BATCHES": "1"}, {"RANDOM_BATCHES": "2"}),
+    "cmaes": ({"STRATEGY_CMAES": "y", "CMAES_POPULATION": "2", "CMAES_GENERATIONS": "1"}, {"CMAES_GENERATIONS": "2"}),
+    "gepa": ({"STRATEGY_GEPA": "y", "MAX_METRIC_CALLS": "8", "GEPA_VALSET_SIZE": "1", "GEPA_MINIBATCH_SIZE": "1"},
+             {"MAX_METRIC_CALLS": "16"}),
+    "archive": ({"STRATEGY_ARCHIVE": "y", "ARCHIVE_ITERATIONS": "1", "ARCHIVE_PARENTS_PER_ITERATION": "1",
+                 "ARCHIVE_GENERATORS": '"cluster"'}, {"ARCHIVE_ITERATIONS": "2"}),
+}
+
+
 @dataclass
 class Scene:
     """A fresh working directory with a tiny config; `out` is its CONFIG_OUTPUT_DIR."""
@@ -41,6 +53,7 @@ class Scene:
     shared: Path
     model: Path
     uninterrupted: Path
+    strategy_run: Callable[[str], Path]  # the finished run of STRATEGY_RUNS' strategy
 
     @property
     def out(self) -> Path:
@@ -67,17 +80,59 @@ class Scene:
 
     def finished_run(self) -> Path:
         """A copy of the uninterrupted run as this scene's output directory."""
-        shutil.copytree(self.uninterrupted, self.out)
+        if not self.out.exists():
+            shutil.copytree(self.uninterrupted, self.out)
         return self.out
 
-    def edit_run_file(self, name: str, edit: Callable[[Any], Any]) -> list[str]:
-        """The finished run with `name` replaced by `edit(its JSON)` (or edited in place when
-        `edit` returns None), resumed for one more generation."""
-        path = self.finished_run() / name
+    def edit_run_file(self, name: str, edit: Callable[[Any], Any], strategy: str = "ga") -> list[str]:
+        """The finished run (of `strategy`) with `name` replaced by `edit(its JSON)` (or edited
+        in place when `edit` returns None), resumed for one more step."""
+        if strategy == "ga":
+            out, symbols = self.finished_run(), {"NGEN": RESUMED_NGEN}
+        else:
+            out = Path(shutil.copytree(self.strategy_run(strategy), self.out))
+            symbols = {**STRATEGY_RUNS[strategy][0], **STRATEGY_RUNS[strategy][1]}
+        path = out / name
         raw = json.loads(path.read_text(encoding="utf-8"))
         edited = edit(raw)
         path.write_text(json.dumps(raw if edited is None else edited), encoding="utf-8")
-        return self.command("evolve", NGEN=RESUMED_NGEN)
+        return self.command("evolve", **symbols)
+
+    def edit_archive(self, *statements: str, command: tuple[str, ...] = ("evolve",)) -> list[str]:
+        """The finished run with `statements` run on its archive, then `command` on it (the
+        run resumed for one more generation by default)."""
+        with closing(sqlite3.connect(self.finished_run() / "run.sqlite")) as db, db:
+            for statement in statements:
+                db.execute(statement)
+        return self.command(*command, NGEN=RESUMED_NGEN)
+
+    def clusters_copy(self) -> dict[str, str]:
+        """Symbols for a copy of the shared clusters in this scene: what a row may damage."""
+        copy = Path(shutil.copytree(self.shared / "clusters", self.work / "clusters"))
+        return {"CLUSTER_DIR": f'"{copy}"', "CLUSTER_DESCRIPTIONS_PATH": f'"{copy / "cluster_descriptions.json"}"',
+                "INITIAL_DELTAS_PATH": f'"{copy / "initial_deltas.json"}"'}
+
+    def processor(self, out: Path | str, deltas: Path | None = None, **symbols: str) -> list[str]:
+        """generate-processor for the finished run's best deltas (or `deltas`) to `out`."""
+        best = deltas or self.finished_run() / "deltas_best.json"
+        return self.command("generate-processor", "--deltas", str(best), "--out", str(out), **symbols)
+
+    def special(self, kind: str) -> Path:
+        """A symbolic link, a FIFO or a device node (a copy of /dev/full, as root only)."""
+        import os
+        import stat
+
+        path = self.work / kind
+        if kind == "link":
+            path.symlink_to(self.work / "elsewhere.txt")
+        elif kind == "fifo":
+            os.mkfifo(path)
+        else:
+            try:
+                os.mknod(path, stat.S_IFCHR | 0o666, os.stat("/dev/full").st_rdev)
+            except PermissionError:
+                pytest.skip("only root can make a device node")
+        return path
 
 
 @dataclass(frozen=True)
@@ -133,8 +188,73 @@ def put(*path: Any, value: Any) -> Callable[[Any], None]:
     return edit
 
 
+def option_case(name: str, symbols: dict[str, str], pattern: str) -> Case:
+    """An option out of its range, refused when the config loads."""
+    return Case(name, lambda s: s.command("check-config", **symbols), 2, pattern)
+
+
+def own_deltas(scene: Scene) -> Path:
+    """A copy of the finished run's best deltas outside the run."""
+    path = scene.work / "mine.json"
+    if not path.exists():
+        shutil.copyfile(scene.uninterrupted / "deltas_best.json", path)
+    return path
+
+
+def sidecar_of_5(scene: Scene) -> Path:
+    best = scene.finished_run() / "deltas_best.json"
+    (scene.out / "deltas_best.clusters.json").write_text('{"cluster_map": 5}')
+    return best
+
+
+def negated_c(raw: Any) -> None:
+    """CMA-ES's covariance turned negative definite: no covariance at all."""
+    raw["sampler"]["C"] = [[-x for x in row] for row in raw["sampler"]["C"]]
+
+
+def shortened_mean(raw: Any) -> None:
+    raw["sampler"]["centroid"].pop()
+
+
+def edited_front(scene: Scene) -> list[str]:
+    def edit(front: Any) -> None:
+        next(iter(front.values()))["score"] = "high"
+
+    argv = scene.edit_run_file("pareto_front.json", edit, "gepa")
+    return ["show", *argv[1:]]
+
+
+def garbled_snapshots(scene: Scene) -> list[str]:
+    argv = scene.edit_run_file("archive_state.json", lambda raw: None, "archive")
+    with (scene.out / "snapshots.jsonl").open("a", encoding="utf-8") as handle:
+        handle.write("not JSON\n")
+    return argv
+
+
 STATE, HISTORY = "evolution_state.json", "history.json"
 NAN = float("nan")
+HUGE = 10 ** 400  # an integer JSON holds but no float does
+
+
+def every_answer(column: str, value: str) -> str:
+    return f"UPDATE evaluations SET {column} = {value}"
+
+
+# The evaluations table as a database tool that dropped its NOT NULL constraints would leave it.
+WITHOUT_NOT_NULL = (
+    "CREATE TABLE loose (genome TEXT, example TEXT, context TEXT, answer TEXT, tokens INTEGER, is_correct INTEGER, "
+    "reasoning TEXT, created REAL, PRIMARY KEY (genome, example, context)) WITHOUT ROWID",
+    "INSERT INTO loose SELECT * FROM evaluations", "DROP TABLE evaluations", "ALTER TABLE loose RENAME TO evaluations",
+)
+
+
+def best_candidate(scene: Scene) -> str:
+    return str(json.loads((scene.uninterrupted / STATE).read_text(encoding="utf-8"))["best_individual"]["candidate_id"])
+
+
+def big_delta(scene: Scene) -> Path:
+    ids = json.loads((scene.shared / "clusters" / "initial_deltas.json").read_text(encoding="utf-8"))
+    return planted(scene, json.dumps({cid: 0.0 for cid in ids}).replace("0.0", str(HUGE), 1).encode(), "big.json")
 
 CASES = [
     # -- item 4: hand-edited run files -----------------------------------------------------------
@@ -238,13 +358,175 @@ CASES = [
          lambda s: s.sglang_check(SGLANG_COMMAND='"python -m sglang.launch_server --model-path /models/other"',
                                   SGLANG_ALLOW_OTHER_MODEL="y"),
          0, r"(?m)^sglang_allow_other_model += True$"),
+    # -- issue T, item 1: a command that writes never destroys what it should protect ------------------
+    Case("generate-processor --out the run's state", lambda s: s.processor(s.finished_run() / STATE),
+         2, r"generate-processor --out '.*out/evolution_state\.json' is a file of the run in '.*out': choose another "
+            r"name, e\.g\. processor\.py"),
+    Case("generate-processor --out its own --deltas", lambda s: s.processor(own_deltas(s), deltas=own_deltas(s)),
+         2, r"generate-processor --out '.*mine\.json' is its own input --deltas: choose another name"),
+    Case("generate-processor --out the config", lambda s: s.processor(s.work / "test.config"),
+         2, r"generate-processor --out '.*test\.config' is the config file \(--config\)"),
+    Case("generate-processor --out a symbolic link", lambda s: s.processor(s.special("link")),
+         2, r"generate-processor --out '.*link' is a symbolic link, not a regular file: a write would replace it"),
+    Case("generate-processor --out a device node", lambda s: s.processor(s.special("device")),
+         2, r"generate-processor --out '.*device' is a device, not a regular file"),
+    Case("evaluate --out a FIFO", lambda s: s.command("evaluate", "--out", str(s.special("fifo"))),
+         2, r"evaluate --out '.*fifo' is a FIFO, not a regular file"),
+    Case("evaluate --out the run's prompt log",
+         lambda s: s.command("evaluate", "--out", str(s.finished_run() / "reflector_prompts" / "notes.txt")),
+         2, r"evaluate --out '.*out/reflector_prompts/notes\.txt' is a file of the run in '.*out'"),
+    Case("evaluate --out a cluster artifact",
+         lambda s: s.command("evaluate", "--out", str(s.work / "clusters" / "token_clusters.npy"), **s.clusters_copy()),
+         2, r"evaluate --out '.*token_clusters\.npy' is a cluster artifact in CONFIG_CLUSTER_DIR \(token_clusters\.npy\)"),
+    Case("cluster descriptions written over the run's history",
+         lambda s: s.command("build-clusters", **{**s.clusters_copy(), "CLUSTER_DESCRIPTIONS_PATH":
+                                                  f'"{s.finished_run() / HISTORY}"'}),
+         2, r"CONFIG_CLUSTER_DESCRIPTIONS_PATH='.*out/history\.json' is a file of the run in '.*out': a cluster build "
+            r"would write over it"),
+    # -- issue T, item 4: values accepted, then crashing after work was done -------------------------
+    option_case("a fixed archive midpoint of 80 (p80 meant)", {"STRATEGY_ARCHIVE": "y", "ARCHIVE_MIDPOINT": '"80"'},
+                r"CONFIG_ARCHIVE_MIDPOINT='80': a fixed midpoint is a fitness in \[0, 1\] \(or write p80"),
+    option_case("an archive sharpness of 1e308", {"STRATEGY_ARCHIVE": "y", "ARCHIVE_SHARPNESS": '"1e308"'},
+                r"CONFIG_ARCHIVE_SHARPNESS=1e308 must be in \(0, 100\]"),
+    option_case("an archive sharpness of 1e-320", {"STRATEGY_ARCHIVE": "y", "ARCHIVE_SHARPNESS": '"1e-320"'},
+                r"CONFIG_ARCHIVE_SHARPNESS=1e-320 is too close to 0 to compute with"),
+    option_case("a novelty weight of 1e308", {"STRATEGY_ARCHIVE": "y", "ARCHIVE_NOVELTY_WEIGHT": '"1e308"'},
+                r"CONFIG_ARCHIVE_NOVELTY_WEIGHT=1e308 must be in \[0, 10\]"),
+    option_case("a novelty weight of 1e-320", {"STRATEGY_ARCHIVE": "y", "ARCHIVE_NOVELTY_WEIGHT": '"1e-320"'},
+                r"CONFIG_ARCHIVE_NOVELTY_WEIGHT=1e-320 is too close to 0 to compute with: write 0 or"),
+    option_case("issue weights whose sum overflows",
+                {"STRATEGY_ARCHIVE": "y", "ARCHIVE_ISSUE_WEIGHTS": '"cut_short=1e308,wrong=1e308"'},
+                r"CONFIG_ARCHIVE_ISSUE_WEIGHTS has 'cut_short=1e308': .* a weight in \[0, 1e6\]"),
+    option_case("a post-check margin of 1e308", {"STRATEGY_ARCHIVE": "y", "ARCHIVE_POSTCHECK_MARGIN": '"1e308"'},
+                r"CONFIG_ARCHIVE_POSTCHECK_MARGIN=1e308 must be in \[0, 1e6\]"),
+    option_case("a delta limit of 1e308", {"STRATEGY_ARCHIVE": "y", "ARCHIVE_DELTA_LIMIT": '"1e308"'},
+                r"CONFIG_ARCHIVE_DELTA_LIMIT=1e308 must be in \(0, 1000\]"),
+    option_case("a CMA-ES step size of 1e308", {"STRATEGY_CMAES": "y", "CMAES_SIGMA": '"1e308"'},
+                r"CONFIG_CMAES_SIGMA=1e308 must be in \[1e-6, 1000\]"),
+    option_case("a CMA-ES step size of 1e-320", {"STRATEGY_CMAES": "y", "CMAES_SIGMA": '"1e-320"'},
+                r"CONFIG_CMAES_SIGMA=1e-320 must be in \[1e-6, 1000\]"),
+    option_case("a GEPA valset range that runs backwards",
+                {"STRATEGY_GEPA": "y", "MAX_METRIC_CALLS": "10", "GEPA_VALSET_INDICES": '"9-3"'},
+                r"CONFIG_GEPA_VALSET_INDICES='9-3' has the range 9-3, which runs backwards"),
+    option_case("a GEPA merge tolerance of 1e308", {"STRATEGY_GEPA": "y", "MAX_METRIC_CALLS": "10",
+                                                    "GEPA_MERGE_EPS": '"1e308"'},
+                r"CONFIG_GEPA_MERGE_EPS=1e308 must be in \[0, 1000\]"),
+    option_case("a uniform random scale of 1e308",
+                {"STRATEGY_RANDOM": "y", "RANDOM_DISTRIBUTION": '"uniform"', "RANDOM_SCALE": '"1e308"'},
+                r"CONFIG_RANDOM_SCALE=1e308 must be in \(0, 1000\]"),
+    option_case("a local reflector step of 1e308", {"LOCAL_REFLECTOR_STEP": '"1e308"'},
+                r"CONFIG_LOCAL_REFLECTOR_STEP=1e308 must be in \[1e-6, 1000\]"),
+    option_case("a temperature that overflows the logits", {"TEMPERATURE": '"1e-300"'},
+                r"CONFIG_TEMPERATURE=1e-300 must be 0 \(greedy\) or in \[0\.01, 100\]"),
+    option_case("a shortness scale of 1e-320", {"SHORTNESS_SCALE": '"1e-320"'},
+                r"CONFIG_SHORTNESS_SCALE=1e-320 must be in \[0\.001, 1e9\]"),
+    option_case("a wall budget of 1e308 minutes", {"MAX_WALL_MINUTES": '"1e308"'},
+                r"CONFIG_MAX_WALL_MINUTES=1e308 must be in \[0, 1e9\]"),
+    option_case("a population of a trillion", {"POPULATION_SIZE": str(10**12)},
+                r"CONFIG_POPULATION_SIZE=1000000000000 must be in \[2, 100000\]"),
+    option_case("a trillion generations", {"NGEN": str(10**12)}, r"CONFIG_NGEN=1000000000000 must be in \[1, 1e6\]"),
+    Case("an SGLang poll interval of 1e308", lambda s: s.sglang_check(SGLANG_POLL_INTERVAL='"1e308"'),
+         2, r"CONFIG_SGLANG_POLL_INTERVAL=1e308 must be in \[0\.01, 3600\]"),
+    Case("random search: a best the archive does not hold",
+         lambda s: s.edit_run_file("random_state.json", put("best", value=9999), "random"),
+         2, r"random_state\.json': best is candidate 9999, but '.*run\.sqlite' does not hold it"),
+    Case("random search: parents that are not a list",
+         lambda s: s.edit_run_file("random_state.json", put("parents", value="x"), "random"),
+         2, r"random_state\.json': parents is 'x', not a list of candidate ids"),
+    Case("random search: a sampler that is not an object",
+         lambda s: s.edit_run_file("random_state.json", put("sampler", value=[]), "random"),
+         2, r"random_state\.json': sampler is \[\], not an object"),
+    Case("CMA-ES: a covariance with NaN",
+         lambda s: s.edit_run_file("cmaes_state.json", put("sampler", "C", 0, 0, value=NAN), "cmaes"),
+         2, r"cmaes_state\.json': sampler\.C is .*, not \d+ x \d+ finite numbers"),
+    Case("CMA-ES: a mean one delta short",
+         lambda s: s.edit_run_file("cmaes_state.json", shortened_mean, "cmaes"),
+         2, r"cmaes_state\.json': sampler\.centroid is .*, not \d+ finite numbers"),
+    Case("CMA-ES: a step size as a string",
+         lambda s: s.edit_run_file("cmaes_state.json", put("sampler", "sigma", value="big"), "cmaes"),
+         2, r"cmaes_state\.json': sampler\.sigma is 'big', not a finite number"),
+    Case("CMA-ES: a covariance that is no covariance", lambda s: s.edit_run_file("cmaes_state.json", negated_c, "cmaes"),
+         2, r"cmaes_state\.json': sampler\.C is not positive definite"),
+    Case("GEPA: a pool member the archive does not hold",
+         lambda s: s.edit_run_file("gepa_state.json", put("pool", 0, value=9999), "gepa"),
+         2, r"gepa_state\.json': pool\[0\] is candidate 9999, but '.*run\.sqlite' does not hold it"),
+    Case("GEPA: a valset example not in the pool",
+         lambda s: s.edit_run_file("gepa_state.json", put("valset", 0, value="nope"), "gepa"),
+         2, r"gepa_state\.json': valset\[0\] is 'nope', not an example of the training pool"),
+    Case("GEPA: minibatches of 0", lambda s: s.edit_run_file("gepa_state.json", put("sampler", "size", value=0), "gepa"),
+         2, r"gepa_state\.json': sampler\.size is 0, not an integer >= 1"),
+    Case("GEPA: a sampler field it does not know",
+         lambda s: s.edit_run_file("gepa_state.json", put("sampler", "extra", value=1), "gepa"),
+         2, r"gepa_state\.json': sampler has the unknown field\(s\) extra"),
+    Case("GEPA: a component past the last cluster",
+         lambda s: s.edit_run_file("gepa_state.json", put("next_component", value={"1": 99}), "gepa"),
+         2, r"gepa_state\.json': next_component\.1 is 99, not a cluster position in \[0, \d+\)"),
+    Case("GEPA: a merge triplet with a string",
+         lambda s: s.edit_run_file("gepa_state.json", put("merges_performed", value=[[1, "a", 2]]), "gepa"),
+         2, r"gepa_state\.json': merges_performed\[0\] is \[1, 'a', 2\], not 3 candidate ids"),
+    Case("GEPA: a flag as a string",
+         lambda s: s.edit_run_file("gepa_state.json", put("last_found_new", value="yes"), "gepa"),
+         2, r"gepa_state\.json': last_found_new is 'yes', not true or false"),
+    Case("archive: a newest candidate the archive does not hold",
+         lambda s: s.edit_run_file("archive_state.json", put("last_candidate_id", value=9999), "archive"),
+         2, r"archive_state\.json': last_candidate_id is 9999 but the newest candidate of '.*run\.sqlite' is \d+"),
+    Case("archive: a snapshot line that is not JSON", lambda s: garbled_snapshots(s),
+         2, r"snapshots\.jsonl' line 2: Expecting value"),
+    Case("state: a member's delta of 400 digits",
+         lambda s: s.edit_run_file(STATE, put("population", 1, "deltas", "0", value=HUGE)),
+         2, r"evolution_state\.json': population\[1\]\.deltas\.0 is 10{59}\.\.\., not a finite number"),
+    Case("a deltas file with a delta of 400 digits", lambda s: s.command("evaluate", "--deltas", str(big_delta(s))),
+         2, r"big\.json: delta of cluster 0 is 10{59}\.\.\., not a finite number"),
+    Case("a deltas sidecar whose cluster map is 5", lambda s: s.processor(s.work / "p.py", deltas=sidecar_of_5(s)),
+         2, r"deltas_best\.clusters\.json': cluster_map is 5, not the digest of a cluster map; remove it, or pass "
+            r"--force"),
+    Case("generate-processor --out a directory", lambda s: s.processor(s.work),
+         2, r"generate-processor --out '.*' is a directory: name the Python module to write"),
+    Case("show a Pareto front edited by hand", lambda s: edited_front(s),
+         2, r"pareto_front\.json': .* is \{'score': 'high', .*\}, not \{\"score\": a number"),
+    Case("show a candidate id beyond SQLite's integers", lambda s: s.edit_archive(command=("show", str(10**30))),
+         2, r"candidate 10{30} is not in '.*run\.sqlite'"),
+    # -- issue S, item 4: answers read back from the archive are checked ----------------------------
+    Case("an answer of -5 tokens", lambda s: s.edit_archive(every_answer("tokens", "-5")),
+         2, r"run\.sqlite' table evaluations, row of example '.*' under the genome of candidate \d+: tokens is -5, not "
+            r"an integer >= 0; delete that row to have the answer generated again"),
+    Case("a verdict of 5", lambda s: s.edit_archive(every_answer("is_correct", "5")),
+         2, r"run\.sqlite' table evaluations, row of example .*: is_correct is 5, not 0 or 1"),
+    Case("a token count as a string", lambda s: s.edit_archive(every_answer("tokens", "'many'")),
+         2, r"run\.sqlite' table evaluations, row of example .*: tokens is 'many', not an integer >= 0"),
+    Case("a token count of NULL", lambda s: s.edit_archive(*WITHOUT_NOT_NULL, every_answer("tokens", "NULL")),
+         2, r"run\.sqlite' table evaluations, row of example .*: tokens is None, not an integer >= 0"),
+    Case("show a candidate whose verdicts were edited",
+         lambda s: s.edit_archive(every_answer("is_correct", "2"), command=("show", best_candidate(s))),
+         2, r"run\.sqlite' table evaluations, row of example .*: is_correct is 2, not 0 or 1"),
+    Case("a wall time that is not a number",
+         lambda s: s.edit_archive("UPDATE meta SET value = 'soon' WHERE key = 'wall_seconds'"),
+         2, r"run\.sqlite' table meta, row wall_seconds: 'soon' is not a number >= 0"),
 ]
+
+
+@pytest.fixture(scope="module")
+def strategy_runs(tmp_path_factory, shared, tiny_model_dir) -> Callable[[str], Path]:
+    """The finished runs of STRATEGY_RUNS, each made once, when a row first needs it."""
+    from compressor_2.evolve import evolve
+    from tests.test_evolution_support import config_for
+
+    made: dict[str, Path] = {}
+
+    def run(strategy: str) -> Path:
+        if strategy not in made:
+            work = tmp_path_factory.mktemp(f"{strategy}_run")
+            evolve(config_for(work, shared, tiny_model_dir, **STRATEGY_RUNS[strategy][0]))
+            made[strategy] = work / "out"
+        return made[strategy]
+
+    return run
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_a_hostile_input_gets_one_line_and_its_exit_code(case: Case, tmp_path, shared, tiny_model_dir, uninterrupted,
-                                                          capsys):
-    scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted)
+                                                          strategy_runs, capsys):
+    scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted, strategy_runs)
     argv = case.plant(scene)
     files, answers = run_files(scene.out), answers_stored(scene.out)
     capsys.readouterr()
@@ -260,10 +542,52 @@ def test_a_hostile_input_gets_one_line_and_its_exit_code(case: Case, tmp_path, s
     assert answers_stored(scene.out) == answers and run_files(scene.out) == files
 
 
+def test_the_atomic_writer_never_renames_over_anything_but_a_regular_file(tmp_path):
+    """The last line of defence behind every command's guard: a symbolic link (not what it
+    points to), a FIFO and a directory stay as they are, and no temp file is left."""
+    import os
+
+    from compressor_2.atomic import atomic_write_json
+    from compressor_2.errors import ConfigError
+
+    target = tmp_path / "target.json"
+    target.write_text("{}")
+    (tmp_path / "link.json").symlink_to(target)
+    os.mkfifo(tmp_path / "fifo.json")
+    (tmp_path / "dir.json").mkdir()
+    for name, kind in (("link.json", "a symbolic link"), ("fifo.json", "a device, FIFO or socket"),
+                       ("dir.json", "a directory")):
+        with pytest.raises(ConfigError, match=f"is {kind}, not a regular file: it is not written over"):
+            atomic_write_json(tmp_path / name, {"x": 1})
+    assert (tmp_path / "link.json").is_symlink() and target.read_text() == "{}"
+    assert (tmp_path / "fifo.json").is_fifo() and (tmp_path / "dir.json").is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.json", "fifo.json", "link.json", "target.json"]
+
+
+def test_a_genome_with_an_infinite_delta_never_reaches_deltas_best(tmp_path, capsys):
+    """Whatever drew it (a sampler's overflow, a crossover of huge deltas), Infinity would
+    make deltas_best.json a file every rerun refuses."""
+    from compressor_2.fitness import Evaluation
+    from compressor_2.run.best import BestEver
+    from compressor_2.run.state import Member
+
+    written = []
+    best = BestEver(tmp_path, ["0", "1"], lambda deltas, out: written.append(out))
+
+    def evaluation(fitness: float) -> Evaluation:
+        return Evaluation((0.0, 0.0), (), 1.0, 1.0, 0.5, fitness, ())
+
+    assert not best.consider([(Member({"0": float("inf"), "1": 0.0}, "", 1), evaluation(0.9))])
+    assert not (tmp_path / "deltas_best.json").exists() and written == []
+    assert "candidate 1 has a delta that is not a finite number" in capsys.readouterr().out
+    assert best.consider([(Member({"0": 1.0, "1": 0.0}, "", 2), evaluation(0.5))])
+    assert json.loads((tmp_path / "deltas_best.json").read_text()) == {"0": 1.0, "1": 0.0}
+
+
 def test_a_hand_edited_tree_is_never_read_but_drawn_again(tmp_path, shared, tiny_model_dir, uninterrupted, capsys):
     """tree.json is a copy for other tools: the tree is drawn from the archive, so an edit
     (here: edges without their kind) cannot reach the run, and the next save replaces it."""
-    scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted)
+    scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted, lambda strategy: uninterrupted)
     argv = scene.edit_run_file("tree.json", lambda raw: {"nodes": raw["nodes"], "edges": [{"source": "x"}]})
     assert main(argv) == 0, capsys.readouterr().err
     tree = json.loads((scene.out / "tree.json").read_text(encoding="utf-8"))
@@ -294,7 +618,7 @@ def test_an_output_directory_that_cannot_be_written_is_refused_before_any_work(t
 
     from tests.conftest import REPO
 
-    scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted)
+    scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted, lambda strategy: uninterrupted)
     argv = scene.command("evolve", NGEN=RESUMED_NGEN)
     out = scene.finished_run()
     files, answers = run_files(out), answers_stored(out)
@@ -348,7 +672,7 @@ def test_temp_files_a_killed_run_left_are_removed_and_nothing_else(tmp_path, sha
     import fcntl
     import os
 
-    scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted)
+    scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted, lambda strategy: uninterrupted)
     argv = scene.command("evolve")  # the finished run: nothing to evolve
     out = scene.finished_run()
     orphans = [out / ".evolution_state.json.k2x_9q0a.tmp", out / ".fitness_vs_generation.png.abcdefgh.tmp",

@@ -46,9 +46,11 @@ from typing import Any
 from compressor_2.api_key import scrub
 from compressor_2.archive.lineage import Lineage
 from compressor_2.errors import ConfigError
+from compressor_2.json_values import shown
 
 ARCHIVE_FILE = "run.sqlite"
 SCHEMA_VERSION = 1
+MAX_ID = 2**63 - 1  # SQLite's largest integer
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -299,6 +301,19 @@ class RunArchive:
         rows = self._query("SELECT value FROM meta WHERE key = ?", (key,))
         return rows[0][0] if rows else default
 
+    def meta_count(self, key: str) -> float:
+        """A counter kept in meta (0 when absent): a finite number >= 0, else refused, naming
+        the row."""
+        text = self.meta(key, "0") or "0"
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+        if not 0 <= value < float("inf"):
+            raise ConfigError(f"'{self.path}' table meta, row {key}: {shown(text)} is not a number >= 0; delete "
+                              "that row to count from 0 again")
+        return value
+
     def set_meta(self, values: Mapping[str, object]) -> None:
         with self._transaction() as db:
             db.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
@@ -341,6 +356,8 @@ class RunArchive:
                        (fitness, mean_tokens, correctness, cid))
 
     def candidate(self, cid: int) -> Candidate | None:
+        if not 0 < cid <= MAX_ID:
+            return None  # SQLite cannot even be asked
         rows = self._query(f"SELECT {_COLUMNS} FROM candidates WHERE id = ?", (cid,))
         return self._candidates(rows)[0] if rows else None
 
@@ -456,7 +473,7 @@ class RunArchive:
 
     def cached(self, genomes: Sequence[str], examples: Sequence[str], context: str,
                table: str = "evaluations") -> dict[tuple[str, str], Answer]:
-        """The stored answers among `genomes` x `examples` under `context`."""
+        """The stored answers among `genomes` x `examples` under `context`, each checked."""
         found: dict[tuple[str, str], Answer] = {}
         wanted = set(examples)
         for genome in dict.fromkeys(genomes):
@@ -464,7 +481,7 @@ class RunArchive:
                     f"SELECT example, answer, tokens, is_correct, reasoning FROM {_table(table)} "
                     "WHERE genome = ? AND context = ?", (genome, context)):
                 if example in wanted:
-                    found[genome, example] = Answer(answer, tokens, bool(correct), reasoning)
+                    found[genome, example] = self._answer(table, genome, example, answer, tokens, correct, reasoning)
         return found
 
     def answers_for(self, genome: str, context: str, table: str = "evaluations") -> dict[str, Answer]:
@@ -475,7 +492,23 @@ class RunArchive:
         rows = self._query(f"SELECT example, answer, tokens, is_correct, reasoning FROM {_table(table)} "
                            "WHERE genome = ? AND (context = ? OR context LIKE ?) ORDER BY created",
                            (genome, context, f"{context}:sample:%"))
-        return {e: Answer(a, t, bool(c), r) for e, a, t, c, r in rows}
+        return {e: self._answer(table, genome, e, a, t, c, r) for e, a, t, c, r in rows}
+
+    def _answer(self, table: str, genome: str, example: str, answer: Any, tokens: Any, correct: Any, reasoning: Any) -> Answer:
+        """A stored row as an `Answer`, refused when a hand edit left it unusable: a score
+        computed from it would be wrong without a sign."""
+        if type(tokens) is not int or tokens < 0:
+            problem = f"tokens is {shown(tokens)}, not an integer >= 0"
+        elif type(correct) is not int or correct not in (0, 1):
+            problem = f"is_correct is {shown(correct)}, not 0 or 1"
+        elif not isinstance(answer, str) or not isinstance(reasoning, str):
+            problem = f"{'answer' if not isinstance(answer, str) else 'reasoning'} is not text"
+        else:
+            return Answer(answer, tokens, bool(correct), reasoning)
+        owners = self._query("SELECT min(id) FROM candidates WHERE genome = ?", (genome,))[0][0]
+        whose = f"the genome of candidate {owners}" if owners is not None else f"genome '{shown(genome)[1:-1]}'"
+        raise ConfigError(f"'{self.path}' table {table}, row of example '{example}' under {whose}: {problem}; "
+                          "delete that row to have the answer generated again")
 
     def store(self, answers: Mapping[tuple[str, str], Answer], context: str, cache_hits: int,
               table: str = "evaluations") -> None:
@@ -493,7 +526,7 @@ class RunArchive:
                  for (g, e), a in answers.items()])
 
     def cache_hits(self) -> int:
-        return int(self.meta("cache_hits", "0") or 0)
+        return int(self.meta_count("cache_hits"))
 
     def answer_times(self) -> list[float]:
         """When each fresh answer was stored, in order: the metric calls spent by a time."""
@@ -517,7 +550,7 @@ class RunArchive:
         if not self.has_table("check_answers"):
             return 0, 0
         return (int(self._query("SELECT count(*) FROM check_answers")[0][0]),
-                int(self.meta("check_cache_hits", "0") or 0))
+                int(self.meta_count("check_cache_hits")))
 
     def record_checks(self, split: str, results: Sequence[CheckResult]) -> None:
         """Replaces what the checks of `split` had measured (a held-out set changed between

@@ -27,9 +27,11 @@ from compressor_2.clusters.clusterset import (
     ArtifactPaths,
     ClusterSet,
     changed_input,
+    cluster_map_digest,
     config_inputs,
     file_sha256,
     fingerprint_of,
+    map_digest,
     read_cluster_set,
     read_record,
     record_problem,
@@ -39,7 +41,7 @@ from compressor_2.clusters.embed import MAX_PIECES, embed_texts
 from compressor_2.clusters.special import RULES_VERSION, number_token_ids, strip_markers
 from compressor_2.clusters.vocab import Vocabulary, load_vocabulary, tokenizer_files_digest
 from compressor_2.config import Config
-from compressor_2.deltas import load_deltas
+from compressor_2.deltas import canonical_ids, fingerprint_path, load_deltas, write_fingerprint
 from compressor_2.errors import ConfigError, RunError
 
 __all__ = ["ClusterSet", "build_clusters"]
@@ -97,9 +99,12 @@ def _directory_lock(directory: Path) -> int:
 
 def _up_to_date(paths: ArtifactPaths, record: dict[str, Any], started: float) -> ClusterSet:
     clusters = read_cluster_set(paths, record["fingerprint"])
+    digest = cluster_map_digest(clusters)
     if not paths.initial_deltas.exists():
-        record["initial_deltas"] = _sync_initial_deltas(paths, clusters.cluster_ids, record)
+        record["initial_deltas"] = _sync_initial_deltas(paths, clusters.cluster_ids, digest, record)
         atomic_write_json(paths.record, record)
+    elif _is_ours(paths, record) and not fingerprint_path(paths.initial_deltas).exists():
+        write_fingerprint(paths.initial_deltas, digest)  # a file an earlier version wrote without one
     print(f"clusters up to date: {len(clusters.token_clusters):,} tokens in {len(clusters.cluster_ids)} "
           f"clusters ({paths.cluster_dir}, {time.perf_counter() - started:.1f}s)")
     return clusters
@@ -185,7 +190,8 @@ def _rebuild(config: Config, paths: ArtifactPaths, vocab: Vocabulary, inputs: di
         "vocab_size": len(vocab),
         "cluster_ids": list(cluster_ids),
         "sha256": {paths.key(p): file_sha256(p) for p in (paths.token_clusters, paths.descriptions)},
-        "initial_deltas": _sync_initial_deltas(paths, cluster_ids, previous),
+        "initial_deltas": _sync_initial_deltas(paths, cluster_ids, map_digest(token_clusters, canonical_ids(cluster_ids)),
+                                               previous),
     }
     # Last: only now is the set complete.
     atomic_write_json(paths.record, record)
@@ -202,17 +208,24 @@ def _rebuild(config: Config, paths: ArtifactPaths, vocab: Vocabulary, inputs: di
     return read_cluster_set(paths, record["fingerprint"])
 
 
-def _sync_initial_deltas(paths: ArtifactPaths, cluster_ids: tuple[str, ...],
+def _is_ours(paths: ArtifactPaths, record: dict[str, Any] | None) -> bool:
+    """The initial deltas file is the untouched one a build wrote."""
+    ours = (record or {}).get("initial_deltas") or {}
+    return (paths.initial_deltas.is_file() and ours.get("path") == str(paths.initial_deltas)
+            and ours.get("sha256") == file_sha256(paths.initial_deltas))
+
+
+def _sync_initial_deltas(paths: ArtifactPaths, cluster_ids: tuple[str, ...], digest: str,
                          previous: dict[str, Any] | None) -> dict[str, str] | None:
-    """Write all-zero initial deltas when the file is absent, or when it is the untouched
-    file an earlier build wrote (for maybe other cluster ids). A file the user wrote is
-    left alone, with a warning when its ids no longer match. Returns the record entry of
-    a file this build owns."""
+    """Write all-zero initial deltas, with the sidecar that names their clusters (`digest`),
+    when the file is absent, or when it is the untouched file an earlier build wrote (for
+    maybe other cluster ids). A file the user wrote is left alone, with a warning when its
+    ids no longer match. Returns the record entry of a file this build owns."""
     path = paths.initial_deltas
-    ours = (previous or {}).get("initial_deltas") or {}
-    current = file_sha256(path)
-    if current is None or (ours.get("path") == str(path) and ours.get("sha256") == current):
+    current = None if not path.exists() else file_sha256(path) if path.is_file() else "not a file"
+    if current is None or _is_ours(paths, previous):
         atomic_write_json(path, {cid: 0.0 for cid in cluster_ids})
+        write_fingerprint(path, digest)
         if current is None:
             print(f"wrote all-zero initial deltas to {path}")
         return {"path": str(path), "sha256": file_sha256(path) or ""}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,8 +48,13 @@ def cluster_map_digest(clusters: ClusterSet) -> str:
     """What a deltas file depends on: which token is in which cluster, and the cluster ids.
     Unlike the build fingerprint it holds no path, so the same clusters built on another
     machine (or a copied directory) have the same digest."""
-    digest = hashlib.sha256(np.ascontiguousarray(clusters.token_clusters, dtype=np.int64).tobytes())
-    digest.update(",".join(clusters.cluster_ids).encode())
+    return map_digest(clusters.token_clusters, clusters.cluster_ids)
+
+
+def map_digest(token_clusters: np.ndarray, cluster_ids: Sequence[str]) -> str:
+    """`cluster_map_digest` of a set not read back yet (a build writing it)."""
+    digest = hashlib.sha256(np.ascontiguousarray(token_clusters, dtype=np.int64).tobytes())
+    digest.update(",".join(cluster_ids).encode())
     return digest.hexdigest()
 
 

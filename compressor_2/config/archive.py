@@ -5,11 +5,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from compressor_2.config.kconfig import Reader, require
+from compressor_2.config.kconfig import MAX_LOGITS, Reader, require, shown_number
 
 ISSUE_TYPES = ("cut_short", "wrong", "padded", "refusal")
 ARCHIVE_GENERATORS = ("cluster", "vector", "crossover")
 FEEDBACK_SCOPES = ("none", "ancestors", "neighborhood")
+# Bounds that keep seed 003's arithmetic finite: exp(sharpness x (fitness - midpoint)) with
+# both in [0, 1], (1 + children) ** novelty_weight, and the sum of the issue weights.
+MAX_SHARPNESS = 100.0
+MAX_NOVELTY_WEIGHT = 10.0
+MAX_ISSUE_WEIGHT = 1e6
+MAX_POSTCHECK_MARGIN = 1e6  # summed per-example scores, each at most 1
 
 
 @dataclass(frozen=True)
@@ -36,12 +42,6 @@ class ArchiveOptions:
 
 
 def archive_options(r: Reader) -> ArchiveOptions:
-    def at_least(name: str, low: float, strict: bool = False) -> float:
-        value = r.number(name)
-        require(value > low if strict else value >= low,
-                 f"CONFIG_{name}={value} must be {'>' if strict else '>='} {low:g}")
-        return value
-
     midpoint = r.string("ARCHIVE_MIDPOINT").strip()
     fixed, percentile = None, None
     if midpoint.startswith("p"):
@@ -51,7 +51,11 @@ def archive_options(r: Reader) -> ArchiveOptions:
             percentile = math.nan
         require(0 <= percentile <= 100, f"CONFIG_ARCHIVE_MIDPOINT={midpoint!r}: a percentile is p0 .. p100")
     else:
-        fixed = r.number("ARCHIVE_MIDPOINT")
+        # The sigmoid's exponent is sharpness x (fitness - midpoint), and a fitness lies in [0, 1];
+        # that range is checked here, with a hint at the percentile form.
+        fixed = r.number("ARCHIVE_MIDPOINT", -math.inf, math.inf)
+        require(0 <= fixed <= 1, f"CONFIG_ARCHIVE_MIDPOINT={midpoint!r}: a fixed midpoint is a fitness in [0, 1] "
+                 f"(or write p{midpoint} for a percentile of the archive's fitness values)")
     weights = []
     for part in filter(None, (p.strip() for p in r.string("ARCHIVE_ISSUE_WEIGHTS").split(","))):
         name, _, value = part.partition("=")
@@ -59,9 +63,9 @@ def archive_options(r: Reader) -> ArchiveOptions:
             weight = float(value)
         except ValueError:
             weight = math.nan
-        require(name.strip() in ISSUE_TYPES and math.isfinite(weight) and weight >= 0,
+        require(name.strip() in ISSUE_TYPES and 0 <= weight <= MAX_ISSUE_WEIGHT,
                  f"CONFIG_ARCHIVE_ISSUE_WEIGHTS has {part!r}: write type=weight with a type among "
-                 f"{', '.join(ISSUE_TYPES)} and a weight >= 0")
+                 f"{', '.join(ISSUE_TYPES)} and a weight in [0, {shown_number(MAX_ISSUE_WEIGHT)}]")
         weights.append((name.strip(), weight))
     require(any(w > 0 for _, w in weights), "CONFIG_ARCHIVE_ISSUE_WEIGHTS gives no issue type a weight above 0")
     generators = tuple(g.strip() for g in r.string("ARCHIVE_GENERATORS").split(",") if g.strip())
@@ -76,10 +80,10 @@ def archive_options(r: Reader) -> ArchiveOptions:
         iterations=r.integer("ARCHIVE_ITERATIONS"),
         parents_per_iteration=r.integer("ARCHIVE_PARENTS_PER_ITERATION"),
         replace=r.flag("ARCHIVE_REPLACE"),
-        sharpness=at_least("ARCHIVE_SHARPNESS", 0, strict=True),
+        sharpness=r.number("ARCHIVE_SHARPNESS", 0, MAX_SHARPNESS, above=True),
         midpoint=fixed,
         midpoint_percentile=percentile,
-        novelty_weight=at_least("ARCHIVE_NOVELTY_WEIGHT", 0),
+        novelty_weight=r.number("ARCHIVE_NOVELTY_WEIGHT", 0, MAX_NOVELTY_WEIGHT),
         issue_batch=r.integer("ARCHIVE_ISSUE_BATCH"),
         issue_weights=tuple(weights),
         generators=generators,
@@ -88,6 +92,6 @@ def archive_options(r: Reader) -> ArchiveOptions:
         feedback_scope=scope,
         feedback_depth=r.integer("ARCHIVE_FEEDBACK_DEPTH"),
         postcheck_examples=r.integer("ARCHIVE_POSTCHECK_EXAMPLES"),
-        postcheck_margin=at_least("ARCHIVE_POSTCHECK_MARGIN", 0),
-        delta_limit=at_least("ARCHIVE_DELTA_LIMIT", 0, strict=True),
+        postcheck_margin=r.number("ARCHIVE_POSTCHECK_MARGIN", 0, MAX_POSTCHECK_MARGIN),
+        delta_limit=r.number("ARCHIVE_DELTA_LIMIT", 0, MAX_LOGITS, above=True),
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from compressor_2.config.kconfig import Reader, require
+from compressor_2.config.kconfig import MAX_LOGITS, Reader, require
 
 CANDIDATE_SELECTORS = ("pareto", "current_best", "epsilon_greedy")
 COMPONENT_SELECTORS = ("round_robin", "all")
@@ -41,10 +41,11 @@ def gepa_options(r: Reader, max_metric_calls: int) -> GepaOptions:
     component = r.string("GEPA_COMPONENT_SELECTOR").strip()
     require(component in COMPONENT_SELECTORS, f"CONFIG_GEPA_COMPONENT_SELECTOR={component!r} is unknown; use "
              f"one of {', '.join(COMPONENT_SELECTORS)}")
-    epsilon = r.number("GEPA_EPSILON")
-    require(0 <= epsilon <= 1, f"CONFIG_GEPA_EPSILON={epsilon} must be in [0, 1]")
-    eps = r.number("GEPA_MERGE_EPS")
-    require(eps >= 0, f"CONFIG_GEPA_MERGE_EPS={eps} must be >= 0")
+    for low, high in re.findall(r"(\d+)-(\d+)", indices):
+        require(int(low) <= int(high), f"CONFIG_GEPA_VALSET_INDICES={indices!r} has the range {low}-{high}, which "
+                 f"runs backwards: write {high}-{low}")
+    epsilon = r.number("GEPA_EPSILON", 0, 1)
+    eps = r.number("GEPA_MERGE_EPS", 0, MAX_LOGITS)
     return GepaOptions(
         valset_size=r.integer("GEPA_VALSET_SIZE"), valset_indices=indices,
         minibatch_size=r.integer("GEPA_MINIBATCH_SIZE"), candidate_selector=selector, epsilon=epsilon,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from pathlib import Path
 
 import kconfiglib
@@ -17,6 +18,10 @@ import kconfiglib
 from compressor_2.errors import ConfigError
 
 KCONFIG_PATH = Path(__file__).resolve().parent.parent.parent / "Kconfig"
+# The largest amount in logit units an option may give (a step, a scale, a limit): a
+# language model's logits lie within a few tens, and this keeps every sum and square of
+# deltas finite, in float32 too.
+MAX_LOGITS = 1000.0
 
 
 def read_config(path: Path) -> Reader:
@@ -84,15 +89,23 @@ class Reader:
     def string(self, name: str) -> str:
         return self.raw(name)
 
-    def integer(self, name: str) -> int:
+    def integer(self, name: str, low: float = -math.inf, high: float = math.inf) -> int:
+        """An int option within [low, high]: the bounds of a symbol Kconfig cannot give a
+        `range` (its sentinel default lies outside it)."""
         value = self.raw(name)
         try:
             # Base 10, as kconfiglib reads an int symbol: "01" is 1 there, so it is here.
-            return int(value, 10)
+            parsed = int(value, 10)
         except ValueError:
             raise ConfigError(f"CONFIG_{name}={value!r} is not an integer") from None
+        if not low <= parsed <= high:
+            raise ConfigError(f"CONFIG_{name}={parsed} must be {interval(low, high)}")
+        return parsed
 
-    def number(self, name: str) -> float:
+    def number(self, name: str, low: float, high: float, above: bool = False) -> float:
+        """A float option (kept in a string symbol): finite, not subnormal, and within
+        [low, high] ((low, high] when `above`), bounds that keep the arithmetic it feeds
+        finite; Kconfig's help text documents them. No float option is read without."""
         value = self.raw(name).strip()
         try:
             parsed = float(value)
@@ -100,6 +113,13 @@ class Reader:
             raise ConfigError(f"CONFIG_{name}={value!r} is not a number") from None
         if not math.isfinite(parsed):
             raise ConfigError(f"CONFIG_{name}={value!r} is not a finite number")
+        if not (low < parsed if above else low <= parsed) or parsed > high:
+            raise ConfigError(f"CONFIG_{name}={value} must be {interval(low, high, above)}")
+        if parsed != 0 and abs(parsed) < sys.float_info.min:
+            # A subnormal float has lost its precision, and its reciprocal overflows.
+            zero = "0 or " if low < 0 or (low == 0 and not above) else ""
+            raise ConfigError(f"CONFIG_{name}={value} is too close to 0 to compute with: write {zero}a value "
+                              f"of magnitude at least {sys.float_info.min:.1e}")
         return parsed
 
     def flag(self, name: str) -> bool:
@@ -157,6 +177,18 @@ def _check_unmet_assignments(kconf: kconfiglib.Kconfig) -> None:
                 f"({kconfiglib.expr_str(sym.direct_dep, _symbol_name)}) is not met, "
                 "so it would be ignored"
             )
+
+
+def interval(low: float, high: float, above: bool = False) -> str:
+    """How a message states a range: "in [0, 1]", "in (0, 1000]", "in [1, 1e6]", ">= 0"."""
+    if math.isinf(high):
+        return f"{'>' if above else '>='} {shown_number(low)}"
+    return f"in {'(' if above else '['}{shown_number(low)}, {shown_number(high)}]"
+
+
+def shown_number(x: float) -> str:
+    """1e6 rather than 1e+06, 1000 rather than 1000.0."""
+    return re.sub(r"e([+-])0*(\d)", lambda m: f"e{'-' if m[1] == '-' else ''}{m[2]}", f"{x:g}")
 
 
 def require(condition: bool, message: str) -> None:

@@ -17,7 +17,7 @@ from typing import Literal
 
 from compressor_2.config.archive import ArchiveOptions, archive_options
 from compressor_2.config.gepa import GepaOptions, gepa_options
-from compressor_2.config.kconfig import Reader, read_config, require
+from compressor_2.config.kconfig import MAX_LOGITS, Reader, interval, read_config, require
 from compressor_2.config.search import CmaesOptions, RandomOptions, cmaes_options, random_options
 from compressor_2.config.sglang import check_addresses
 
@@ -27,6 +27,10 @@ ReflectorName = Literal["local", "openai"]
 SELECTIONS = ("tournament", "truncation", "llm")
 FALLBACK_SELECTIONS = ("tournament", "truncation")
 MUTATION_SCOPES = ("cluster", "vector")
+MAX_POPULATION = 100_000
+MAX_STEPS = 1_000_000  # generations (Kconfig ranges the other strategies' step counts alike)
+MAX_WALL_MINUTES = 1e9
+MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 100.0
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,7 @@ class Config:
     num_clusters: int
     embed_batch_size: int
     cluster_seed: int
+    source: Path | None = None  # the .config it was loaded from
 
     def summary(self) -> str:
         """The resolved settings, one `name = value` a line, for `check-config`."""
@@ -141,7 +146,7 @@ def _sentinel(r: Reader, name: str) -> None:
 
 def load_config(path: str | Path) -> Config:
     """Parse, check and freeze the `.config` at `path`."""
-    config = _build(read_config(Path(path)))
+    config = dataclasses.replace(_build(read_config(Path(path))), source=Path(path))
     if config.engine == "sglang":
         check_addresses(config)
     return config
@@ -154,18 +159,14 @@ def _build(r: Reader) -> Config:
     ):
         _sentinel(r, name)
 
-    population = r.integer("POPULATION_SIZE")
-    require(population >= 2, f"CONFIG_POPULATION_SIZE={population} must be at least 2")
-    ngen = r.integer("NGEN")
-    require(ngen >= 1, f"CONFIG_NGEN={ngen} must be at least 1")
+    population = r.integer("POPULATION_SIZE", 2, MAX_POPULATION)
+    ngen = r.integer("NGEN", 1, MAX_STEPS)
     elitism = r.integer("ELITISM_SIZE")
     require(
         0 <= elitism < population,
         f"CONFIG_ELITISM_SIZE={elitism} must satisfy 0 <= elitism < population ({population})",
     )
-    probabilities = {name: r.number(name) for name in ("CXPB", "MUTPB")}
-    for name, value in probabilities.items():
-        require(0.0 <= value <= 1.0, f"CONFIG_{name}={value} must be in [0, 1]")
+    probabilities = {name: r.number(name, 0, 1) for name in ("CXPB", "MUTPB")}
 
     selection = r.string("SELECTION").strip()
     require(
@@ -192,24 +193,17 @@ def _build(r: Reader) -> Config:
     require(scope in MUTATION_SCOPES,
              f"CONFIG_MUTATION_SCOPE={scope!r} is unknown; use one of {', '.join(MUTATION_SCOPES)}")
 
-    lambdas = {name: r.number(name) for name in ("LAMBDA_SHORTNESS", "LAMBDA_CORRECTNESS")}
-    for name, value in lambdas.items():
-        require(0.0 <= value <= 1.0, f"CONFIG_{name}={value} must be in [0, 1]")
+    lambdas = {name: r.number(name, 0, 1) for name in ("LAMBDA_SHORTNESS", "LAMBDA_CORRECTNESS")}
     total = sum(lambdas.values())
     require(total > 0, "CONFIG_LAMBDA_SHORTNESS and CONFIG_LAMBDA_CORRECTNESS are both 0")
 
-    wall_minutes = r.number("MAX_WALL_MINUTES")
-    require(wall_minutes >= 0, f"CONFIG_MAX_WALL_MINUTES={wall_minutes} must be >= 0 (0: unlimited)")
-
-    def positive(name: str) -> float:
-        value = r.number(name)
-        require(value > 0, f"CONFIG_{name}={value} must be greater than 0")
-        return value
-
-    temperature = r.number("TEMPERATURE")
-    require(temperature >= 0, f"CONFIG_TEMPERATURE={temperature} must be >= 0")
-    tolerance = r.number("CORRECTNESS_TOLERANCE")
-    require(0 <= tolerance < 1, f"CONFIG_CORRECTNESS_TOLERANCE={tolerance} must be in [0, 1)")
+    wall_minutes = r.number("MAX_WALL_MINUTES", 0, MAX_WALL_MINUTES)
+    temperature = r.number("TEMPERATURE", 0, MAX_TEMPERATURE)
+    require(temperature == 0 or temperature >= MIN_TEMPERATURE,
+            f"CONFIG_TEMPERATURE={r.raw('TEMPERATURE')} must be 0 (greedy) or {interval(MIN_TEMPERATURE, MAX_TEMPERATURE)}: "
+            "dividing the logits by less overflows them")
+    tolerance = r.number("CORRECTNESS_TOLERANCE", 0, 1)
+    require(tolerance < 1, f"CONFIG_CORRECTNESS_TOLERANCE={tolerance} must be in [0, 1)")
 
     pool = r.string("FINANCEBENCH_POOL_INDICES").strip()
     require(
@@ -258,13 +252,13 @@ def _build(r: Reader) -> Config:
         sglang_allow_remote=r.flag("SGLANG_ALLOW_REMOTE"),
         sglang_allow_other_model=r.flag("SGLANG_ALLOW_OTHER_MODEL"),
         sglang_startup_timeout=float(r.integer("SGLANG_STARTUP_TIMEOUT")),
-        sglang_poll_interval=positive("SGLANG_POLL_INTERVAL"),
+        sglang_poll_interval=r.number("SGLANG_POLL_INTERVAL", 0.01, 3600),
         sglang_request_timeout=float(r.integer("SGLANG_REQUEST_TIMEOUT")),
         sglang_max_restarts=r.integer("SGLANG_MAX_RESTARTS"),
         sglang_stop_grace=float(r.integer("SGLANG_STOP_GRACE")),
         lambda_shortness=lambdas["LAMBDA_SHORTNESS"] / total,
         lambda_correctness=lambdas["LAMBDA_CORRECTNESS"] / total,
-        shortness_scale=positive("SHORTNESS_SCALE"),
+        shortness_scale=r.number("SHORTNESS_SCALE", 0.001, 1e9),
         judge=r.choice({"JUDGE_NUMERIC": "numeric", "JUDGE_LLM": "llm", "JUDGE_HYBRID": "hybrid"}),  # type: ignore[arg-type]
         correctness_tolerance=tolerance,
         judge_model=r.string("JUDGE_MODEL"),
@@ -279,7 +273,7 @@ def _build(r: Reader) -> Config:
         reflector_max_consecutive_failures=r.integer("REFLECTOR_MAX_CONSECUTIVE_FAILURES"),
         reflector_concurrency=r.integer("REFLECTOR_CONCURRENCY"),
         reflector_answer_max_chars=r.integer("REFLECTOR_ANSWER_MAX_CHARS"),
-        local_reflector_step=positive("LOCAL_REFLECTOR_STEP"),
+        local_reflector_step=r.number("LOCAL_REFLECTOR_STEP", 1e-6, MAX_LOGITS),
         strategy=r.choice_suffix("STRATEGY_"),
         max_metric_calls=r.integer("MAX_METRIC_CALLS"),
         max_reflector_tokens=r.integer("MAX_REFLECTOR_TOKENS"),

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compressor_2.config.kconfig import Reader, require
+from compressor_2.config.kconfig import MAX_LOGITS, Reader, require
 
 DISTRIBUTIONS = ("normal", "uniform")
+# CMA-ES divides by the step size and squares it: below this its covariance update loses
+# every digit.
+MIN_SIGMA = 1e-6
 
 
 @dataclass(frozen=True)
@@ -32,14 +35,12 @@ def random_options(r: Reader) -> RandomOptions:
     distribution = r.string("RANDOM_DISTRIBUTION").strip()
     require(distribution in DISTRIBUTIONS, f"CONFIG_RANDOM_DISTRIBUTION={distribution!r} is unknown; use one of "
              f"{', '.join(DISTRIBUTIONS)}")
-    scale = r.number("RANDOM_SCALE")
-    require(scale > 0, f"CONFIG_RANDOM_SCALE={scale} must be > 0")
+    scale = r.number("RANDOM_SCALE", 0, MAX_LOGITS, above=True)
     return RandomOptions(distribution, scale, r.integer("RANDOM_BATCH_SIZE"), r.integer("RANDOM_BATCHES"))
 
 
 def cmaes_options(r: Reader) -> CmaesOptions:
-    sigma = r.number("CMAES_SIGMA")
-    require(sigma > 0, f"CONFIG_CMAES_SIGMA={sigma} must be > 0")
+    sigma = r.number("CMAES_SIGMA", MIN_SIGMA, MAX_LOGITS)
     population = r.integer("CMAES_POPULATION")
     require(population == 0 or population >= 2, f"CONFIG_CMAES_POPULATION={population} must be 0 (DEAP's "
              "default) or at least 2: CMA-ES updates from the better half")

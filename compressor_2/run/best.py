@@ -1,8 +1,10 @@
 """The best-ever individual (seed 000 §1): updated whenever a newly evaluated individual is
-strictly fitter, with deltas_best.json and processor_best.py rewritten each time."""
+strictly fitter, with deltas_best.json and processor_best.py rewritten each time; a genome
+with a delta that is not a finite number is never taken."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -34,6 +36,11 @@ class BestEver:
         whether the best changed."""
         improved: Evaluation | None = None
         for member, evaluation in assessed:
+            if not all(math.isfinite(v) for v in member.deltas.values()):
+                # JSON would hold Infinity, which every reader (and every rerun) refuses.
+                say(f"warning: candidate {member.candidate_id} has a delta that is not a finite number; it is "
+                    f"never written to {DELTAS_BEST}")
+                continue
             if self.fitness is None or evaluation.fitness > self.fitness:
                 self.member, self.fitness, improved = member, evaluation.fitness, evaluation
         if improved is not None:

@@ -91,7 +91,7 @@ class Budget:
     def __init__(self, limits: Limits, archive: RunArchive) -> None:
         self.limits = limits
         self.archive = archive
-        self._earlier_seconds = float(archive.meta("wall_seconds", "0") or 0)
+        self._earlier_seconds = archive.meta_count("wall_seconds")
         self._session_start = time.monotonic()
 
     def spent(self) -> Spent:

@@ -12,16 +12,13 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-SHOWN_CHARS = 60  # of a refused value in a message
+from compressor_2.json_values import as_float, shown
+
+__all__ = ["FieldError", "as_float", "integer", "number", "shown", "typed", "value"]
 
 
 class FieldError(ValueError):
     """A field is missing or holds the wrong kind of value; the message names it."""
-
-
-def shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "..."
 
 
 def value(obj: Mapping[str, Any], key: str, where: str = "") -> Any:
@@ -47,8 +44,8 @@ def integer(obj: Mapping[str, Any], key: str, where: str = "", minimum: int = 0)
 def number(obj: Mapping[str, Any], key: str, where: str = "", low: float = -math.inf,
            high: float = math.inf) -> float:
     found = value(obj, key, where)
-    if (isinstance(found, bool) or not isinstance(found, (int, float)) or not math.isfinite(found)
-            or not low <= found <= high):
+    converted = as_float(found)
+    if converted is None or not low <= converted <= high:
         bounds = f" in [{low:g}, {high:g}]" if math.isfinite(low) or math.isfinite(high) else ""
         raise FieldError(f"{where}{key} is {shown(found)}, not a finite number{bounds}")
-    return float(found)
+    return converted

@@ -124,7 +124,7 @@ def render(archive: RunArchive, out: Path, pool: Sequence[Example], heldout: Seq
         check_fresh=check_fresh, check_cached=check_cached,
         reflector_calls=calls, prompt_tokens=prompt, completion_tokens=completion,
         reflector_seconds=archive.reflector_seconds(),
-        wall_minutes=float(archive.meta("wall_seconds", "0") or 0) / 60,
+        wall_minutes=archive.meta_count("wall_seconds") / 60,
         gain=gain(archive), best=best, baseline=baseline,
         baseline_heldout=heldout_results.get(zeros or ""),
         best_heldout=heldout_results.get(best_genome or ""),

@@ -39,7 +39,9 @@ from compressor_2.errors import ConfigError
 from compressor_2.fitness import Evaluation, Record
 from compressor_2.reflector.base import MergeRequest, MutationRequest, VectorRequest
 from compressor_2.reflector.prompts import estimated_call_tokens
+from compressor_2.run import fields
 from compressor_2.run.budget import Cost
+from compressor_2.run.fields import FieldError
 from compressor_2.run.history import HISTORY_FILE, load_history, save_history
 from compressor_2.run.plots import FITNESS_PLOT, LENGTHS_PLOT, plot_archive, plot_fitness, plot_lengths
 from compressor_2.run.progress import say
@@ -79,11 +81,11 @@ def estimate(config: Config, n_examples: int) -> Cost:
 
 def run(run: Run) -> str:
     options, out = _options(run.config), run.out
-    state = load_strategy_state(out / STATE_FILE, ())
+    state = load_strategy_state(out / STATE_FILE, run.archive)
     start = state["iteration"] if state else 0
     if state and start >= options.iterations:
         _restore_best(run)
-        return f"all {options.iterations} iterations have run; raise CONFIG_ARCHIVE_ITERATIONS to go further"
+        return f"all {start} iterations have run; raise CONFIG_ARCHIVE_ITERATIONS to go further"
     rng = random.Random(run.config.seed)
     archive = Archive(run, options, rng, load_history(out / HISTORY_FILE, before=start))
     if state:
@@ -464,8 +466,23 @@ def _options(config: Config) -> ArchiveOptions:
 
 
 def _truncate_snapshots(path: Path, before: int) -> None:
-    """A resumed run rewrites the snapshots of the iteration it replays."""
-    if path.exists():
-        kept = [line for line in path.read_text(encoding="utf-8").splitlines()
-                if line.strip() and json.loads(line)["generation"] < before]
-        atomic_write_text(path, "".join(line + "\n" for line in kept))
+    """A resumed run rewrites the snapshots of the iteration it replays; a line it cannot
+    read is refused, naming it."""
+    if not path.exists():
+        return
+    kept = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            snapshot = json.loads(line)
+            generation = fields.integer(snapshot, "generation") if isinstance(snapshot, dict) else None
+        except (ValueError, FieldError) as exc:
+            raise ConfigError(f"'{path}' line {number}: {exc}; remove the line, or move the run directory away "
+                              "to start a fresh run") from None
+        if generation is None:
+            raise ConfigError(f"'{path}' line {number} is not a JSON object; remove the line, or move the run "
+                              "directory away to start a fresh run")
+        if generation < before:
+            kept.append(line)
+    atomic_write_text(path, "".join(line + "\n" for line in kept))

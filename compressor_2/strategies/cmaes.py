@@ -9,6 +9,7 @@ arrays go into the state file after every generation, so a rerun resumes exactly
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,9 @@ from deap import cma
 from compressor_2.config import CmaesOptions, Config
 from compressor_2.deltas import load_deltas, to_list
 from compressor_2.errors import ConfigError
+from compressor_2.run import fields
 from compressor_2.run.budget import Cost
+from compressor_2.run.fields import FieldError
 from compressor_2.run.services import Run
 from compressor_2.strategies.ga_individual import new_individual
 from compressor_2.strategies.search import TREE_PLOT, search
@@ -31,6 +34,9 @@ OUTPUT_FILES = (STATE_FILE, TREE_PLOT)
 # What `deap.cma.Strategy.update` changes; the rest follows from the dimension and lambda,
 # and the eigendecomposition from C.
 _ARRAYS = ("centroid", "pc", "ps", "C")
+# The step size adapts, so a saved one may lie far outside CONFIG_CMAES_SIGMA's range; beyond
+# these the squares and reciprocals of the draws overflow.
+SIGMA_RANGE = (sys.float_info.min, 1e100)
 
 
 def estimate(config: Config, n_examples: int) -> Cost:
@@ -71,18 +77,36 @@ class CmaesSampler:
 
     def restore(self, state: dict[str, Any]) -> None:
         s = self.strategy
+        n = len(s.centroid)
         for name in _ARRAYS:
-            setattr(s, name, np.asarray(state[name], dtype=float))
-        s.sigma, s.update_count = state["sigma"], int(state["update_count"])
+            setattr(s, name, _array(state, name, (n, n) if name == "C" else (n,)))
+        s.sigma = fields.number(state, "sigma", "sampler.", *SIGMA_RANGE)
+        s.update_count = fields.integer(state, "update_count", "sampler.")
         # The decomposition exactly as `update` computes it: restored from the file, B and
         # BD would have another memory layout, and the products drawn from them would
         # differ in the last bits from an uninterrupted run's.
+        if not np.allclose(s.C, s.C.T):
+            raise FieldError("sampler.C is not symmetric, so not a covariance matrix")
         diag, basis = np.linalg.eigh(s.C)
+        if diag.min() <= 0:
+            raise FieldError("sampler.C is not positive definite, so not a covariance matrix")
         order = np.argsort(diag)
         s.cond = diag[order[-1]] / diag[order[0]]
         s.diagD = diag[order] ** 0.5
         s.B = basis[:, order]
         s.BD = s.B * s.diagD
+
+
+def _array(state: dict[str, Any], name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """`state[name]` as a float array of `shape`, every entry finite."""
+    found = fields.value(state, name, "sampler.")
+    try:
+        array = np.asarray(found, dtype=float)
+    except (TypeError, ValueError, OverflowError):
+        array = None
+    if array is None or array.shape != shape or not np.isfinite(array).all():
+        raise FieldError(f"sampler.{name} is {fields.shown(found)}, not {' x '.join(map(str, shape))} finite numbers")
+    return array
 
 
 def _options(config: Config) -> CmaesOptions:

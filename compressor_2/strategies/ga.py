@@ -80,8 +80,8 @@ def run(run: Run) -> str:
     start = saved.generation if saved else 0
     if saved and start >= config.ngen:
         run.best.member, run.best.fitness = saved.best_individual, saved.best_fitness
-        finish_outputs(run, config.ngen)
-        return f"all {config.ngen} generations have run; raise CONFIG_NGEN to evolve further"
+        finish_outputs(run, start)  # CONFIG_NGEN may have been lowered since: nothing that ran is dropped
+        return f"all {start} generations have run; raise CONFIG_NGEN to evolve further"
     # Seed 000 §8: rr_idx is restored before mutate is registered.
     rr_state = RRState(list(ids), saved.rr_idx if saved else 0)
     toolbox = make_toolbox(run.evaluator, run.reflector, make_selection(config), make_fallback(config), rr_state,

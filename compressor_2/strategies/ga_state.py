@@ -17,19 +17,17 @@ from __future__ import annotations
 
 import json
 import math
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 
 from compressor_2.atomic import atomic_write_json
 from compressor_2.errors import ConfigError
 from compressor_2.run import fields
 from compressor_2.run.fields import FieldError
-from compressor_2.run.state import FRESH_START_HINT, Member, restore_rng
+from compressor_2.run.state import FRESH_START_HINT, Member, check_rng
 from compressor_2.deltas import validate_deltas
 
 if TYPE_CHECKING:
@@ -120,13 +118,9 @@ def _parse(raw: Any, path: Path, cluster_ids: Sequence[str], max_fitness: float)
                     else fields.number(raw, "best_fitness", low=0.0, high=max_fitness))
     if (best is None) != (best_fitness is None):
         raise FieldError("best_individual and best_fitness must both be set or both be null")
-    rng = fields.typed(raw, "rng", dict, "an object")
-    try:
-        restore_rng(rng, into=(random.Random(), np.random.RandomState()))  # well-formed?
-    except (KeyError, TypeError, ValueError, OverflowError) as exc:
-        raise FieldError(f"rng cannot be restored ({type(exc).__name__}: {exc})") from None
+    check_rng(raw)
     return EvolutionState(generation, population, member(best, "best_individual") if best is not None else None,
-                          best_fitness, rr_idx, rng, last)
+                          best_fitness, rr_idx, raw["rng"], last)
 
 
 def check_against_archive(state: EvolutionState, path: Path, archive: RunArchive, deterministic: bool) -> None:

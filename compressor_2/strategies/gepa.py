@@ -17,9 +17,9 @@ every iteration; a rerun resumes it, and the valset scores come back from the ar
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import random
-import re
 import statistics
 import sys
 from collections.abc import Sequence
@@ -32,17 +32,20 @@ from compressor_2.archive.database import Candidate
 from compressor_2.atomic import atomic_write_json
 from compressor_2.config import Config, GepaOptions
 from compressor_2.data.example import Example
+from compressor_2.data.financebench import parse_indices
 from compressor_2.deltas import load_deltas, to_list
 from compressor_2.errors import ConfigError
 from compressor_2.fitness import Evaluation
 from compressor_2.reflector.base import MutationRequest, VectorRequest
 from compressor_2.reflector.prompts import estimated_call_tokens
+from compressor_2.run import fields
 from compressor_2.run.budget import Cost
+from compressor_2.run.fields import FieldError
 from compressor_2.run.history import HISTORY_FILE, load_history, save_history
 from compressor_2.run.plots import FITNESS_PLOT, LENGTHS_PLOT, plot_archive, plot_fitness, plot_lengths
 from compressor_2.run.progress import say
 from compressor_2.run.services import Run, resume_command
-from compressor_2.run.state import Member, capture_rng_of, load_strategy_state, restore_rng
+from compressor_2.run.state import Member, capture_rng_of, held_list, load_strategy_state, restore_rng
 from compressor_2.run.tree import TREE_FILE, TREE_PLOT, EvolutionTree, cand_id
 from compressor_2.strategies.gepa_pareto import (
     EpochSampler,
@@ -78,9 +81,7 @@ def estimate(config: Config, n_examples: int) -> Cost:
 
 def run(run: Run) -> str:
     options, out = _options(run.config), run.out
-    saved = load_strategy_state(out / STATE_FILE, ("valset", "sampler", "pool", "merges_due", "merges_tested",
-                                                     "merges_performed", "merge_descriptions", "last_found_new",
-                                                     "next_component"))
+    saved = load_strategy_state(out / STATE_FILE, run.archive, functools.partial(read_state, run=run))
     g = Gepa(run, options, random.Random(run.config.seed), load_history(out / HISTORY_FILE,
                                                                             before=saved["iteration"] if saved else 0))
     if saved:
@@ -391,17 +392,61 @@ class Gepa:
         self.draw()
 
 
+def read_state(raw: dict[str, Any], run: Run) -> None:
+    """gepa_state.json's own fields, each read before any work: a FieldError names the one
+    that is off (`pareto_front` is only written, for other tools)."""
+    examples = {ex.id for ex in run.examples}
+    valset = _example_ids(raw, "valset", examples, "an example of the training pool")
+    sampler = fields.typed(raw, "sampler", dict, "an object")
+    unknown = set(sampler) - {f.name for f in dataclasses.fields(EpochSampler)}
+    if unknown:
+        raise FieldError(f"sampler has the unknown field(s) {', '.join(sorted(map(str, unknown)))}")
+    ids = _example_ids(sampler, "ids", examples - set(valset), "a feedback example (in the pool, not the valset)",
+                       "sampler.")
+    fields.integer(sampler, "size", "sampler.", minimum=1)
+    fields.integer(sampler, "epoch", "sampler.", minimum=-1)
+    fields.integer(sampler, "position", "sampler.")
+    if fields.value(sampler, "order", "sampler.") is not None:
+        _example_ids(sampler, "order", set(ids), "one of sampler.ids", "sampler.")
+    if not held_list(raw, "pool", run.archive, assessed=True):
+        raise FieldError("pool is empty, but it holds at least the seed candidate")
+    for key in ("merges_due", "merges_tested"):
+        fields.integer(raw, key)
+    for i, triplet in enumerate(fields.typed(raw, "merges_performed", list, "a list")):
+        _ids(triplet, f"merges_performed[{i}]", 3)
+    for i, entry in enumerate(fields.typed(raw, "merge_descriptions", list, "a list")):
+        if not isinstance(entry, list) or len(entry) != 3:
+            raise FieldError(f"merge_descriptions[{i}] is {fields.shown(entry)}, not [first, second, sources]")
+        _ids(entry[:2], f"merge_descriptions[{i}]", 2)
+        _ids(entry[2], f"merge_descriptions[{i}][2]", len(run.cluster_ids))
+    fields.typed(raw, "last_found_new", bool, "true or false")
+    positions = fields.typed(raw, "next_component", dict, "an object {candidate id: cluster position}")
+    for key in positions:
+        if fields.integer(positions, key, "next_component.") >= len(run.cluster_ids):
+            raise FieldError(f"next_component.{key} is {positions[key]}, not a cluster position in "
+                             f"[0, {len(run.cluster_ids)})")
+
+
+def _example_ids(raw: dict[str, Any], key: str, allowed: set[str], what: str, where: str = "") -> list[str]:
+    found = fields.typed(raw, key, list, "a list of example ids", where)
+    for i, example in enumerate(found):
+        if not isinstance(example, str) or example not in allowed:
+            raise FieldError(f"{where}{key}[{i}] is {fields.shown(example)}, not {what}")
+    return found
+
+
+def _ids(found: Any, where: str, length: int) -> None:
+    """`found`: `length` candidate ids."""
+    if (not isinstance(found, list) or len(found) != length
+            or not all(type(c) is int and c >= 1 for c in found)):
+        raise FieldError(f"{where} is {fields.shown(found)}, not {length} candidate ids")
+
+
 def split_valset(examples: Sequence[Example], options: GepaOptions, rng: random.Random) -> list[str]:
     """The valset's example ids, in pool order: explicit positions, or a seeded draw."""
     n = len(examples)
     if options.valset_indices:
-        positions: set[int] = set()
-        for part in re.split(r"\s*,\s*", options.valset_indices):
-            low, _, high = part.partition("-")
-            positions.update(range(int(low), int(high or low) + 1))
-        if max(positions) >= n:
-            raise ConfigError(f"CONFIG_GEPA_VALSET_INDICES={options.valset_indices!r} names position "
-                              f"{max(positions)}, but the pool has {n} examples (0..{n - 1})")
+        positions = set(parse_indices(options.valset_indices, n, "CONFIG_GEPA_VALSET_INDICES (positions in the pool)"))
     else:
         size = _valset_size(options, n)
         positions = set(rng.sample(range(n), size))

@@ -24,11 +24,12 @@ from compressor_2.archive.database import Candidate
 from compressor_2.atomic import atomic_write_json
 from compressor_2.deltas import load_deltas, to_dict, to_list
 from compressor_2.fitness import Evaluation
+from compressor_2.run import fields
 from compressor_2.run.history import HISTORY_FILE, load_history, save_history
 from compressor_2.run.plots import FITNESS_PLOT, LENGTHS_PLOT, plot_fitness, plot_lengths
 from compressor_2.run.progress import say
 from compressor_2.run.services import Run, resume_command
-from compressor_2.run.state import Member, capture_rng, load_strategy_state, restore_rng, seed_rng
+from compressor_2.run.state import Member, capture_rng, held, held_list, load_strategy_state, restore_rng, seed_rng
 from compressor_2.run.tree import TREE_FILE, TREE_PLOT, EvolutionTree, cand_id
 
 SEED_STEP = -1
@@ -47,17 +48,25 @@ class Sampler(Protocol):
 
     def state(self) -> dict[str, Any]: ...
 
-    def restore(self, state: dict[str, Any]) -> None: ...
+    def restore(self, state: dict[str, Any]) -> None:
+        """Takes up `state()`'s output; a field it cannot use raises FieldError naming it
+        (`sampler.NAME`)."""
+        ...
 
 
 def search(run: Run, sampler: Sampler, name: str, steps: int, state_file: str, step_name: str) -> str:
     out = run.out
-    saved = load_strategy_state(out / state_file, ("sampler", "parents", "best"))
+
+    def read(raw: dict[str, Any]) -> None:
+        held_list(raw, "parents", run.archive, assessed=True)
+        held(fields.value(raw, "best"), "best", run.archive, raw["last_candidate_id"], assessed=True)
+        sampler.restore(fields.typed(raw, "sampler", dict, "an object"))
+
+    saved = load_strategy_state(out / state_file, run.archive, read)
     start = saved["iteration"] if saved else 0
     history = load_history(out / HISTORY_FILE, before=start)
     if saved:
         run.archive.rollback(saved["last_candidate_id"], from_step=start)
-        sampler.restore(saved["sampler"])
         restore_rng(saved["rng"])
         parents = tuple(saved["parents"])
         best = run.archive.candidate(saved["best"])
@@ -92,7 +101,7 @@ def search(run: Run, sampler: Sampler, name: str, steps: int, state_file: str, s
         say(f"{step_name} {t}: batch best {history[t]['best_fitness']:.4f}  best ever "
             f"{run.best.fitness:.4f}  metric calls {run.archive.metric_calls()}  "
             f"elapsed {run.budget.seconds():.0f}s")
-    return _stop(run, history, f"all {steps} {step_name}s ran")
+    return _stop(run, history, f"all {max(steps, start)} {step_name}s ran")
 
 
 def _assess(run: Run, name: str, batch: Sequence[Sequence[float]], parents: tuple[int, ...], step: int,

@@ -1,0 +1,264 @@
+"""A run's identity: the settings that define what it optimises and how it scores, recorded
+in the run archive at its start and compared when it resumes.
+
+Every Kconfig symbol is classified here, once (`SETTINGS`): either it is part of the
+identity, and a resume with another value is refused (one line per changed setting, old
+and new value), or it may change across a resume, and `may_change` says what that means
+for the run. A path is compared by what it holds (the training pool's example ids and
+prompt digests, the clusters' digest, the initial deltas), so a file moved elsewhere
+unchanged is the same setting. The options of the run's strategy are part of it; another
+strategy's options are not used, and not compared.
+
+A run started by a compressor_2 that recorded no identity gets this config's recorded at
+its next start (after the strategy and the answer context it did record are compared):
+it is resumed, never refused for what it could not have recorded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from compressor_2.archive.database import RunArchive
+from compressor_2.config import Config
+from compressor_2.data.example import Example
+from compressor_2.errors import ConfigError
+from compressor_2.fitness import example_key
+from compressor_2.run.progress import say
+
+IDENTITY_KEY = "identity"  # in the archive's meta table
+DIGEST_CHARS = 16
+SHORT_VALUE = 120  # characters: longer values are recorded as a digest
+
+
+@dataclass(frozen=True)
+class RunInputs:
+    """What the config's input paths hold, as this start read them."""
+
+    clusters: str  # cluster_map_digest
+    examples: Sequence[Example]  # the training pool
+    initial_deltas: Mapping[str, float]
+
+
+Value = Callable[[Config, RunInputs], object]  # None: the setting does not apply to this config
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str  # as the user knows it: CONFIG_X, CONFIG_ENGINE_* for a choice, or what a path holds
+    symbols: tuple[str, ...]  # the Kconfig symbols it reads; "STRATEGY_*" stands for a choice's entries
+    value: Value
+    may_change: str = ""  # what a change across a resume means; "" = refused
+
+
+def _option(strategy: str, read: Callable[[Config], object]) -> Value:
+    """A strategy's own option: compared only in a run of that strategy."""
+    return lambda c, _: read(c) if c.strategy == strategy else None
+
+
+def _pool(inputs: RunInputs) -> str:
+    keys = [example_key(ex) for ex in inputs.examples]
+    return f"{len(keys)} examples, digest {_digest(keys)}"
+
+
+def _initial(inputs: RunInputs) -> str:
+    text = json.dumps(dict(inputs.initial_deltas))
+    return text if len(text) <= SHORT_VALUE else f"{len(inputs.initial_deltas)} deltas, digest {_digest(text)}"
+
+
+def _digest(value: object) -> str:
+    return hashlib.sha256(json.dumps(value).encode()).hexdigest()[:DIGEST_CHARS]
+
+
+def _ga(read: Callable[[Config], object]) -> Value:
+    return _option("ga", read)
+
+
+STEPS = ("raised, the run goes on to the new count; lowered to the steps already run or fewer, it stops at once "
+         "and keeps everything")
+BUDGET = ("a budget: raised (or 0, unlimited), the run goes on where it stopped; lowered below what was spent, it "
+          "stops at once")
+REFLECTOR = ("the reflector proposes from the next step on with the new setting; scores are not affected (a "
+             "replayed step may propose otherwise than the interrupted one would have)")
+SPEED = ("how the same model runs: speed and memory; answers already in the archive are reused (another device "
+         "or batch can change a new answer where two tokens tie to the last bit)")
+JUDGE_ENDPOINT = "where the judge model is reached (the judge model itself is compared)"
+CONCURRENCY = "how many calls run at once: speed only"
+
+SETTINGS: tuple[Setting, ...] = (
+    # What is optimised and how it is scored.
+    Setting("CONFIG_STRATEGY_*", ("STRATEGY_*",), lambda c, _: c.strategy),
+    Setting("CONFIG_LAMBDA_SHORTNESS (normalised)", ("LAMBDA_SHORTNESS",), lambda c, _: c.lambda_shortness),
+    Setting("CONFIG_LAMBDA_CORRECTNESS (normalised)", ("LAMBDA_CORRECTNESS",), lambda c, _: c.lambda_correctness),
+    Setting("CONFIG_SHORTNESS_SCALE", ("SHORTNESS_SCALE",), lambda c, _: c.shortness_scale),
+    Setting("the training pool (example ids and prompt digests)", ("FINANCEBENCH_JSONL_PATH", "PROMPT_TEMPLATE_PATH"),
+            lambda _, i: _pool(i)),
+    Setting("CONFIG_FINANCEBENCH_POOL_INDICES", ("FINANCEBENCH_POOL_INDICES",), lambda c, _: c.pool_indices),
+    Setting("CONFIG_EVIDENCE_MAX_CHARS", ("EVIDENCE_MAX_CHARS",), lambda c, _: c.evidence_max_chars),
+    Setting("CONFIG_ENGINE_*", ("ENGINE_*",), lambda c, _: c.engine),
+    Setting("CONFIG_MODEL_PATH", ("MODEL_PATH",), lambda c, _: c.model_path),
+    Setting("CONFIG_MAX_NEW_TOKENS", ("MAX_NEW_TOKENS",), lambda c, _: c.max_new_tokens),
+    Setting("CONFIG_TEMPERATURE", ("TEMPERATURE",), lambda c, _: c.temperature),
+    Setting("CONFIG_JUDGE_*", ("JUDGE_*",), lambda c, _: c.judge),
+    Setting("CONFIG_CORRECTNESS_TOLERANCE", ("CORRECTNESS_TOLERANCE",), lambda c, _: c.correctness_tolerance),
+    Setting("CONFIG_JUDGE_MODEL", ("JUDGE_MODEL",), lambda c, _: c.judge_model if c.judge != "numeric" else None),
+    Setting("the clusters (digest of the token -> cluster map)", ("CLUSTER_DIR", "CLUSTER_DESCRIPTIONS_PATH"),
+            lambda _, i: i.clusters[:DIGEST_CHARS]),
+    Setting("CONFIG_EMBEDDING_MODEL", ("EMBEDDING_MODEL",), lambda c, _: c.embedding_model),
+    Setting("CONFIG_PCA_COMPONENTS", ("PCA_COMPONENTS",), lambda c, _: c.pca_components),
+    Setting("CONFIG_NUM_CLUSTERS", ("NUM_CLUSTERS",), lambda c, _: c.num_clusters),
+    Setting("CONFIG_CLUSTER_SEED", ("CLUSTER_SEED",), lambda c, _: c.cluster_seed),
+    Setting("the initial deltas (what CONFIG_INITIAL_DELTAS_PATH holds)", ("INITIAL_DELTAS_PATH",),
+            lambda _, i: _initial(i)),
+    Setting("CONFIG_SEED", ("SEED",), lambda c, _: c.seed),
+    # The strategy's options.
+    Setting("CONFIG_POPULATION_SIZE", ("POPULATION_SIZE",), _ga(lambda c: c.population_size)),
+    Setting("CONFIG_CXPB", ("CXPB",), _ga(lambda c: c.cxpb)),
+    Setting("CONFIG_MUTPB", ("MUTPB",), _ga(lambda c: c.mutpb)),
+    Setting("CONFIG_ELITISM_SIZE", ("ELITISM_SIZE",), _ga(lambda c: c.elitism_size)),
+    Setting("CONFIG_SELECTION", ("SELECTION",), _ga(lambda c: c.selection)),
+    Setting("CONFIG_SELECTION_FALLBACK", ("SELECTION_FALLBACK",), _ga(lambda c: c.selection_fallback)),
+    Setting("CONFIG_TOURNAMENT_SIZE", ("TOURNAMENT_SIZE",), _ga(lambda c: c.tournament_size)),
+    Setting("CONFIG_TRUNCATION_TOP_K", ("TRUNCATION_TOP_K",), _ga(lambda c: c.truncation_top_k)),
+    Setting("CONFIG_MUTATION_SCOPE", ("MUTATION_SCOPE",), _ga(lambda c: c.mutation_scope)),
+    *(Setting(f"CONFIG_ARCHIVE_{name.upper()}", (f"ARCHIVE_{name.upper()}",),
+              _option("archive", lambda c, n=name: getattr(c.archive, n)))
+      for name in ("parents_per_iteration", "replace", "sharpness", "novelty_weight", "issue_batch", "issue_weights",
+                   "generators", "feedback_scope", "feedback_depth", "postcheck_examples", "postcheck_margin",
+                   "delta_limit")),
+    Setting("CONFIG_ARCHIVE_MIDPOINT", ("ARCHIVE_MIDPOINT",),
+            _option("archive", lambda c: c.archive.midpoint if c.archive.midpoint_percentile is None
+                    else f"p{c.archive.midpoint_percentile:g}")),
+    *(Setting(f"CONFIG_GEPA_{name.upper()}", (f"GEPA_{name.upper()}",),
+              _option("gepa", lambda c, n=name: getattr(c.gepa, n)))
+      for name in ("valset_size", "valset_indices", "minibatch_size", "candidate_selector", "epsilon", "skip_perfect",
+                   "component_selector", "use_merge", "max_merge_invocations", "merge_eps", "merge_subsample",
+                   "val_overlap_floor")),
+    *(Setting(f"CONFIG_RANDOM_{name.upper()}", (f"RANDOM_{name.upper()}",),
+              _option("random", lambda c, n=name: getattr(c.random, n)))
+      for name in ("distribution", "scale", "batch_size")),
+    *(Setting(f"CONFIG_CMAES_{name.upper()}", (f"CMAES_{name.upper()}",),
+              _option("cmaes", lambda c, n=name: getattr(c.cmaes, n)))
+      for name in ("sigma", "population")),
+    # What may change across a resume.
+    Setting("CONFIG_OUTPUT_DIR", ("OUTPUT_DIR",), lambda c, _: str(c.output_dir),
+            "another directory is another run: the rerun starts afresh there, and this one stays as it is"),
+    Setting("CONFIG_NGEN", ("NGEN",), _ga(lambda c: c.ngen), STEPS),
+    Setting("CONFIG_ARCHIVE_ITERATIONS", ("ARCHIVE_ITERATIONS",), _option("archive", lambda c: c.archive.iterations),
+            STEPS),
+    Setting("CONFIG_RANDOM_BATCHES", ("RANDOM_BATCHES",), _option("random", lambda c: c.random.batches), STEPS),
+    Setting("CONFIG_CMAES_GENERATIONS", ("CMAES_GENERATIONS",), _option("cmaes", lambda c: c.cmaes.generations),
+            STEPS),
+    Setting("CONFIG_MAX_METRIC_CALLS", ("MAX_METRIC_CALLS",), lambda c, _: c.max_metric_calls, BUDGET),
+    Setting("CONFIG_MAX_REFLECTOR_TOKENS", ("MAX_REFLECTOR_TOKENS",), lambda c, _: c.max_reflector_tokens, BUDGET),
+    Setting("CONFIG_MAX_WALL_MINUTES", ("MAX_WALL_MINUTES",), lambda c, _: c.max_wall_minutes, BUDGET),
+    Setting("CONFIG_REFLECTOR_*", ("REFLECTOR_LOCAL", "REFLECTOR_OPENAI"), lambda c, _: c.reflector, REFLECTOR),
+    *(Setting(f"CONFIG_{name.upper()}", (name.upper(),), lambda c, _, n=name: getattr(c, n), REFLECTOR)
+      for name in ("reflector_model", "reflector_base_url", "reflector_api_key_env", "reflector_timeout",
+                   "reflector_max_retries", "reflector_max_consecutive_failures", "reflector_answer_max_chars",
+                   "local_reflector_step")),
+    Setting("CONFIG_REFLECTOR_CONCURRENCY", ("REFLECTOR_CONCURRENCY",), lambda c, _: c.reflector_concurrency,
+            CONCURRENCY),
+    Setting("CONFIG_JUDGE_BASE_URL", ("JUDGE_BASE_URL",), lambda c, _: c.judge_base_url, JUDGE_ENDPOINT),
+    Setting("CONFIG_JUDGE_API_KEY_ENV", ("JUDGE_API_KEY_ENV",), lambda c, _: c.judge_api_key_env, JUDGE_ENDPOINT),
+    *(Setting(f"CONFIG_{name.upper()}", (name.upper(),), lambda c, _, n=name: getattr(c, n), SPEED)
+      for name in ("transformers_batch_size", "transformers_device", "transformers_threads", "eval_concurrency",
+                   "sglang_command", "sglang_urls", "sglang_port", "sglang_allow_remote", "sglang_startup_timeout",
+                   "sglang_poll_interval", "sglang_request_timeout", "sglang_max_restarts", "sglang_stop_grace")),
+    Setting("CONFIG_EMBED_BATCH_SIZE", ("EMBED_BATCH_SIZE",), lambda c, _: c.embed_batch_size,
+            "tokens per embedding batch of a cluster build: speed only, not an input of the clusters"),
+    *(Setting(f"CONFIG_ARCHIVE_{name.upper()}", (f"ARCHIVE_{name.upper()}",),
+              _option("archive", lambda c, n=name: getattr(c.archive, n)), CONCURRENCY)
+      for name in ("generation_concurrency", "assessment_concurrency")),
+)
+
+
+def run_identity(config: Config, inputs: RunInputs) -> dict[str, str]:
+    """Every setting's value under `config`, as recorded text (None: not used by this run)."""
+    return {s.name: text for s in SETTINGS if (text := _text(s.value(config, inputs))) is not None}
+
+
+def _text(value: object) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "y" if value else "n"
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, tuple):
+        return ",".join(f"{item[0]}={item[1]!r}" if isinstance(item, tuple) else str(item) for item in value)
+    return str(value)
+
+
+def changes(recorded: Mapping[str, str], current: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    """(refused, allowed): a line per setting whose value differs, refused ones with the old
+    and the new value, allowed ones with what the change means. A setting the record lacks
+    (a compressor_2 that did not know it started the run) is taken as it is now; one this
+    config does not use depends on one that changed (another strategy, judge or selection),
+    whose line says so."""
+    refused, allowed = [], []
+    for s in SETTINGS:
+        if s.name not in recorded or s.name not in current or recorded[s.name] == current[s.name]:
+            continue
+        old, new = recorded[s.name], current[s.name]
+        if s.may_change:
+            allowed.append(f"{s.name}: {old} -> {new}: {s.may_change}")
+        else:
+            refused.append(f"{s.name}: {old} when the run started, {new} now")
+    return refused, allowed
+
+
+def check_identity(archive: RunArchive, config: Config, inputs: RunInputs, context: str) -> None:
+    """Records the run's identity at its start; on a resume compares it with the one recorded
+    and refuses any refused change (ConfigError, one detail line per setting), prints a
+    line for each allowed change, and records the new values."""
+    current = run_identity(config, inputs)
+    stored = archive.meta(IDENTITY_KEY)
+    if archive.last_candidate_id() == 0:
+        pass  # nothing was made under the recorded settings yet: this start defines the run
+    elif stored is None:
+        _check_unrecorded(archive, config, context)
+        say(f"note: '{archive.path}' was started by a compressor_2 that did not record its settings; this config's "
+            "are recorded now, and later resumes are compared with them")
+    else:
+        refused, allowed = changes(_recorded(archive, stored), current)
+        if refused:
+            raise ConfigError(
+                f"'{archive.path}' holds a run started with other settings, and a resume must not change them "
+                "(the scores, or the search, would mix two runs):",
+                [*refused, f"Set them back to resume this run; to start a fresh run with the new settings, choose "
+                           f"another CONFIG_OUTPUT_DIR (or move '{archive.path.parent}' away)."])
+        for line in allowed:
+            say(f"changed since the last start: {line}")
+    archive.set_meta({IDENTITY_KEY: json.dumps(current), "strategy": config.strategy})
+
+
+def _recorded(archive: RunArchive, stored: str) -> dict[str, str]:
+    try:
+        recorded = json.loads(stored)
+    except ValueError:
+        recorded = None
+    if not isinstance(recorded, dict) or not all(isinstance(v, str) for v in recorded.values()):
+        raise ConfigError(f"'{archive.path}' table meta, row {IDENTITY_KEY}: not a JSON object of settings and their "
+                          "values; delete that row to record this config's settings at the next start")
+    return recorded
+
+
+def _check_unrecorded(archive: RunArchive, config: Config, context: str) -> None:
+    """What a run started before identities were recorded did record: its strategy and the
+    fingerprint of the settings that make an answer and its verdict."""
+    lines = []
+    strategy = archive.meta("strategy")
+    if strategy is not None and strategy != config.strategy:
+        lines.append(f"CONFIG_STRATEGY_*: {strategy} when the run started, {config.strategy} now")
+    recorded = archive.meta("context")
+    if recorded is not None and recorded != context:
+        lines.append("the model, engine, clusters, CONFIG_MAX_NEW_TOKENS, CONFIG_TEMPERATURE, judge or tolerance "
+                     "(recorded as one fingerprint): changed since the run started")
+    if lines:
+        raise ConfigError(
+            f"'{archive.path}' holds a run started with other settings, and a resume must not change them:",
+            [*lines, f"Set them back to resume this run; to start a fresh run, choose another CONFIG_OUTPUT_DIR "
+                     f"(or move '{archive.path.parent}' away)."])
