@@ -15,13 +15,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from compressor_2.archive.database import ARCHIVE_FILE, Candidate, RunArchive
-from compressor_2.atomic import atomic_write_json, why_unwritable
+from compressor_2.atomic import atomic_write_json
 from compressor_2.config import Config
 from compressor_2.deltas import fingerprint_path, write_fingerprint
 from compressor_2.errors import ConfigError
 from compressor_2.run.best import DELTAS_BEST
 from compressor_2.run.checks import best_point, candidate_points, training_baseline
 from compressor_2.run.front import Point, affordable, pareto_front
+from compressor_2.run_directory import check_output_file
 
 
 def run_export(config: Config, max_drop: float | None, candidate_id: int | None, out: Path | None,
@@ -36,11 +37,9 @@ def run_export(config: Config, max_drop: float | None, candidate_id: int | None,
     assert candidate.id is not None
     deltas_path = out if out is not None else config.output_dir / f"deltas_candidate_{candidate.id}.json"
     processor_path = deltas_path.with_name(f"processor_{deltas_path.stem.removeprefix('deltas_')}.py")
-    refuse_run_files(config, [deltas_path, fingerprint_path(deltas_path), processor_path])
-    if deltas_path.is_dir():
-        raise ConfigError(f"export --out '{deltas_path}' is a directory: name the deltas JSON file to write")
-    if reason := why_unwritable(deltas_path.parent):
-        raise ConfigError(f"export --out '{deltas_path}': its directory {reason}")
+    for path, kind in ((deltas_path, "deltas JSON file"), (fingerprint_path(deltas_path), "deltas JSON file"),
+                       (processor_path, "processor module")):
+        check_output_file(path, "export --out", config, kind=kind, example="deltas_fast.json")
     print(why)
     atomic_write_json(deltas_path, dict(candidate.deltas))
     write_fingerprint(deltas_path, run_fingerprint(config))
@@ -91,18 +90,6 @@ def no_candidate_line(front: Sequence[Point], baseline: Point, max_drop: float) 
 
 def _describe(p: Point) -> str:
     return f"{p.tokens:.1f} tokens at {100 * p.correctness:.1f}% correct"
-
-
-def refuse_run_files(config: Config, paths: Sequence[Path]) -> None:
-    """Export never writes over a file a run owns (deltas_best.json, the archive, ...).
-    One function, so the shared output guard can take its place."""
-    from compressor_2.run_directory import is_run_directory, owned_files
-
-    owned = owned_files()
-    for path in paths:
-        if path.name in owned and is_run_directory(path.parent, config):
-            raise ConfigError(f"export --out '{path}' would overwrite a file of the run in '{path.parent}': "
-                              "choose another name, e.g. deltas_fast.json")
 
 
 def run_fingerprint(config: Config) -> str:

@@ -205,7 +205,7 @@ def test_export_a_chosen_candidate_and_refuse_a_run_file(export_run, capsys):
     capsys.readouterr()
     (out / "deltas_best.json").write_text("{}")
     assert main(["export", "--config", str(config), "--candidate", "5", "--out", str(out / "deltas_best.json")]) == 2
-    assert "would overwrite a file of the run" in capsys.readouterr().err
+    assert "is a file of the run in" in capsys.readouterr().err
     assert (out / "deltas_best.json").read_text() == "{}"
     assert main(["export", "--config", str(config), "--candidate", "99"]) == 2
     assert "export --candidate 99: no such candidate" in capsys.readouterr().err

@@ -156,7 +156,7 @@ def rows(o: Others) -> dict[str, tuple[dict[str, str | None], dict[str, str | No
     sglang = {f"SGLANG_{k}": (SGLANG, {f"SGLANG_{k}": v}) for k, v in {
         "COMMAND": '"python -m sglang.launch_server --mem-fraction-static 0.8"', "URLS": '"http://127.0.0.1:30001"',
         "PORT": "30001", "ALLOW_REMOTE": "y", "STARTUP_TIMEOUT": "60", "POLL_INTERVAL": '"1"',
-        "REQUEST_TIMEOUT": "60", "MAX_RESTARTS": "1", "STOP_GRACE": "5"}.items()}
+        "REQUEST_TIMEOUT": "60", "MAX_RESTARTS": "1", "STOP_GRACE": "5", "ALLOW_OTHER_MODEL": "y"}.items()}
     reflector = {f"REFLECTOR_{k}": (OPENAI, {f"REFLECTOR_{k}": v}) for k, v in {
         "MODEL": '"gpt-4o-mini"', "BASE_URL": '"http://127.0.0.1:8000/v1"', "API_KEY_ENV": '"OTHER_KEY"',
         "TIMEOUT": "60", "MAX_RETRIES": "1", "MAX_CONSECUTIVE_FAILURES": "2"}.items()}
@@ -176,6 +176,9 @@ def rows(o: Others) -> dict[str, tuple[dict[str, str | None], dict[str, str | No
         "MUTPB": '"0.7"', "ELITISM_SIZE": "2", "TOURNAMENT_SIZE": "3", "MUTATION_SCOPE": '"vector"',
         "EMBEDDING_MODEL": '"other-model"', "PCA_COMPONENTS": "4", "NUM_CLUSTERS": "4", "EMBED_BATCH_SIZE": "64",
         "CLUSTER_SEED": "1"}.items()}
+    holdout = {"HOLDOUT_DATA": o.data()}  # a held-out set to change from: no check records no setting
+    checks = {"HOLDOUT_DATA": (holdout, {"HOLDOUT_DATA": f'"{o.work / "elsewhere.jsonl"}"'}),
+              "HOLDOUT_INDICES": (holdout, {"HOLDOUT_INDICES": '"0"'})}
     choices = {
         "ENGINE_TRANSFORMERS": (SGLANG, {"ENGINE_SGLANG": None, "ENGINE_TRANSFORMERS": "y"}),
         "ENGINE_SGLANG": (GA, SGLANG),
@@ -192,7 +195,7 @@ def rows(o: Others) -> dict[str, tuple[dict[str, str | None], dict[str, str | No
         "SELECTION_FALLBACK": (LLM_SELECTION, {"SELECTION_FALLBACK": '"truncation"', **TRUNCATION,
                                                "SELECTION": '"llm"'}),
     }
-    return {**strategy_options, **sglang, **reflector, **judge, **plain, **choices}
+    return {**strategy_options, **sglang, **reflector, **judge, **plain, **checks, **choices}
 
 
 def config_of(work: Path, shared: Path, model: Path, symbols: dict[str, str | None]) -> Config:

@@ -86,6 +86,10 @@ SPEED = ("how the same model runs: speed and memory; answers already in the arch
          "or batch can change a new answer where two tokens tie to the last bit)")
 JUDGE_ENDPOINT = "where the judge model is reached (the judge model itself is compared)"
 CONCURRENCY = "how many calls run at once: speed only"
+OTHER_MODEL = ("which server may serve: one whose model path is spelled otherwise than CONFIG_MODEL_PATH (the "
+               "model path itself is compared, and every answer is keyed by it)")
+HOLDOUT = ("which questions the held-out check measures after the search; the search never reads them: the next "
+           "check measures the new set, reusing cached answers of questions both sets hold")
 
 SETTINGS: tuple[Setting, ...] = (
     # What is optimised and how it is scored.
@@ -167,6 +171,10 @@ SETTINGS: tuple[Setting, ...] = (
       for name in ("transformers_batch_size", "transformers_device", "transformers_threads", "eval_concurrency",
                    "sglang_command", "sglang_urls", "sglang_port", "sglang_allow_remote", "sglang_startup_timeout",
                    "sglang_poll_interval", "sglang_request_timeout", "sglang_max_restarts", "sglang_stop_grace")),
+    Setting("CONFIG_SGLANG_ALLOW_OTHER_MODEL", ("SGLANG_ALLOW_OTHER_MODEL",),
+            lambda c, _: c.sglang_allow_other_model, OTHER_MODEL),
+    Setting("CONFIG_HOLDOUT_DATA", ("HOLDOUT_DATA",), lambda c, _: c.holdout_data, HOLDOUT),
+    Setting("CONFIG_HOLDOUT_INDICES", ("HOLDOUT_INDICES",), lambda c, _: c.holdout_indices, HOLDOUT),
     Setting("CONFIG_EMBED_BATCH_SIZE", ("EMBED_BATCH_SIZE",), lambda c, _: c.embed_batch_size,
             "tokens per embedding batch of a cluster build: speed only, not an input of the clusters"),
     *(Setting(f"CONFIG_ARCHIVE_{name.upper()}", (f"ARCHIVE_{name.upper()}",),
