@@ -11,7 +11,8 @@
   the caller falls back to its automatic selection.
 
 A call that failed outright (API error after the client's own retries) is an invalid
-attempt like any other.
+attempt like any other. Every text a reply brings is masked and capped (`limits.py`)
+before anything stores it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any, TypeVar
 
 from compressor_2.archive.database import CallRecord
 from compressor_2.errors import ReflectorUnavailable
+from compressor_2.reflector import limits
 from compressor_2.reflector.base import (
     MergeRequest, MergeResult, MutationRequest, MutationResult, Proposer, Reply, Selected, SelectionRequest,
     SelectionResult, Usage, VectorRequest, VectorResult,
@@ -53,6 +55,8 @@ def _json_object(reply: Reply) -> dict[str, Any]:
         data = json.loads(reply.content)
     except json.JSONDecodeError:
         raise InvalidOutput("the reply is not JSON") from None
+    except RecursionError:
+        raise InvalidOutput("the reply is JSON nested too deeply to read") from None
     if not isinstance(data, dict):
         raise InvalidOutput("the reply is not a JSON object")
     return data
@@ -61,8 +65,15 @@ def _json_object(reply: Reply) -> dict[str, Any]:
 def _scratchpad(data: Mapping[str, Any]) -> str:
     scratchpad = data.get("scratchpad")
     if not isinstance(scratchpad, str):
-        raise InvalidOutput(f"scratchpad is {scratchpad!r}, not a string")
-    return scratchpad
+        raise InvalidOutput(f"scratchpad is {limits.shown(scratchpad)}, not a string")
+    return limits.scratchpad(scratchpad)
+
+
+def _text(data: Mapping[str, Any], key: str, where: str = "") -> str:
+    value = data.get(key)
+    if not isinstance(value, str):
+        raise InvalidOutput(f"{where}{key} is {limits.shown(value)}, not a string")
+    return limits.kept_text(value)
 
 
 def parse_mutation(reply: Reply, current: float) -> tuple[float, str]:
@@ -70,7 +81,7 @@ def parse_mutation(reply: Reply, current: float) -> tuple[float, str]:
     data = _json_object(reply)
     delta = data.get("delta")
     if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not math.isfinite(delta):
-        raise InvalidOutput(f"delta is {delta!r}, not a finite number")
+        raise InvalidOutput(f"delta is {limits.shown(delta)}, not a finite number")
     if abs(delta - current) <= UNCHANGED_TOLERANCE:
         raise InvalidOutput(f"delta {delta!r} equals the current value {current!r}")
     return float(delta), _scratchpad(data)
@@ -85,50 +96,42 @@ def parse_vector(reply: Reply, current: Mapping[str, float]) -> tuple[dict[str, 
     data = _json_object(reply)
     deltas = data.get("deltas")
     if not isinstance(deltas, dict):
-        raise InvalidOutput(f"deltas is {deltas!r}, not an object")
+        raise InvalidOutput(f"deltas is {limits.shown(deltas)}, not an object")
     missing, extra = set(current) - set(deltas), set(deltas) - set(current)
     if missing or extra:
-        raise InvalidOutput(f"deltas has the wrong cluster ids (missing: {sorted(missing, key=str)}, "
-                            f"unknown: {sorted(extra, key=str)})")
+        raise InvalidOutput(f"deltas has the wrong cluster ids (missing: {limits.shown(sorted(missing, key=str))}, "
+                            f"unknown: {limits.shown(sorted(extra, key=str))})")
     new = {}
     for cid in current:
         value = deltas[cid]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise InvalidOutput(f"delta of cluster {cid} is {value!r}, not a finite number")
+            raise InvalidOutput(f"delta of cluster {cid} is {limits.shown(value)}, not a finite number")
         new[cid] = float(value)
     if all(abs(new[cid] - current[cid]) <= UNCHANGED_TOLERANCE for cid in current):
         raise InvalidOutput("the deltas equal the current ones")
-    summary = data.get("summary")
-    if not isinstance(summary, str):
-        raise InvalidOutput(f"summary is {summary!r}, not a string")
-    return new, summary
+    return new, _text(data, "summary")
 
 
 def parse_selection(reply: Reply, known: set[int]) -> tuple[tuple[Selected, ...], str]:
     data = _json_object(reply)
     selections = data.get("selections")
     if not isinstance(selections, list):
-        raise InvalidOutput(f"selections is {selections!r}, not a list")
+        raise InvalidOutput(f"selections is {limits.shown(selections)}, not a list")
     if not MIN_SELECTIONS <= len(selections) <= MAX_SELECTIONS:
         raise InvalidOutput(f"{len(selections)} selections, not {MIN_SELECTIONS} to {MAX_SELECTIONS}")
     chosen: list[Selected] = []
     for item in selections:
         if not isinstance(item, dict):
-            raise InvalidOutput(f"selection {item!r} is not an object")
-        cid, reasoning, category = item.get("candidate_id"), item.get("reasoning"), item.get("category")
+            raise InvalidOutput(f"selection {limits.shown(item)} is not an object")
+        cid, category = item.get("candidate_id"), item.get("category")
         if isinstance(cid, bool) or not isinstance(cid, int) or cid not in known:
-            raise InvalidOutput(f"candidate_id {cid!r} is not in this population")
+            raise InvalidOutput(f"candidate_id {limits.shown(cid)} is not in this population")
         if any(s.candidate_id == cid for s in chosen):
             raise InvalidOutput(f"candidate {cid} is selected twice")
         if category not in CATEGORIES:
-            raise InvalidOutput(f"category {category!r} is not one of {', '.join(CATEGORIES)}")
-        if not isinstance(reasoning, str):
-            raise InvalidOutput(f"reasoning of candidate {cid} is {reasoning!r}, not a string")
-        chosen.append(Selected(cid, reasoning, category))
-    summary = data.get("summary")
-    if not isinstance(summary, str):
-        raise InvalidOutput(f"summary is {summary!r}, not a string")
-    return tuple(chosen), summary
+            raise InvalidOutput(f"category {limits.shown(category)} is not one of {', '.join(CATEGORIES)}")
+        chosen.append(Selected(cid, _text(item, "reasoning", f"candidate {cid}'s "), category))
+    return tuple(chosen), _text(data, "summary")
 
 
 @dataclass(frozen=True)
@@ -229,7 +232,8 @@ class ValidatingReflector:
                 if dead:
                     where = getattr(self.proposer, "base_url", self.proposer.name)
                     self._stopped = (f"the reflector at {where} failed {self._failures} calls in a row "
-                                     f"(CONFIG_REFLECTOR_MAX_CONSECUTIVE_FAILURES); the last error: {reply.error}")
+                                     f"(CONFIG_REFLECTOR_MAX_CONSECUTIVE_FAILURES); the last error: "
+                                     f"{limits.note(reply.error or '')}")
                     raise ReflectorUnavailable(self._stopped)
                 continue
             self._finish(call, attempt, messages, reply, "accepted", latency)
@@ -239,6 +243,7 @@ class ValidatingReflector:
     def _finish(self, call: Call, attempt: int, messages: list[dict[str, str]], reply: Reply, verdict: str,
                 latency: float) -> None:
         """One attempt done: to the prompt log and the archive."""
+        verdict = limits.note(verdict)
         if self.log is not None:
             self.log.write(call.generation, call.kind, call.child, attempt, call.indices, messages, reply, verdict)
         if self.recorder is not None:
