@@ -5,6 +5,10 @@ cached in the archive), the reflector (every call recorded in it), the budget an
 best-ever tracker, warns when the budget cannot pay for three steps, and hands them to
 the strategy named by CONFIG_STRATEGY. The strategy returns why it stopped; that reason
 goes to the archive's events and onto the last line printed.
+
+Whatever the exit (done, a budget, Ctrl+C, a failure), the reflector abandons its calls in
+flight first, and then every thread pool of the run is stopped: `evolve` returns within
+moments and leaves no thread of its own behind.
 """
 
 from __future__ import annotations
@@ -13,7 +17,6 @@ import contextlib
 import io
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +30,9 @@ from compressor_2.reflector.prompt_log import PROMPT_DIR
 from compressor_2.run.best import DELTAS_BEST, PROCESSOR_BEST, BestEver
 from compressor_2.run.budget import Budget, Limits, shortfall
 from compressor_2.run.lock import run_lock
-from compressor_2.run.progress import say
+from compressor_2.run.progress import CallWatch, say
 from compressor_2.run.services import Run
+from compressor_2.run.workers import Workers
 from compressor_2.run_directory import check_output_dir
 from compressor_2.strategies import load_strategy
 
@@ -55,7 +59,7 @@ def evolve(config: Config) -> None:
         ids = list(clusters.cluster_ids)
         examples = tuple(examples_from_config(config))
         archive = open_archive(out, config.strategy)
-        pool = ThreadPoolExecutor(config.reflector_concurrency, thread_name_prefix="reflector")
+        workers = Workers()
         reflector, engine, budget = None, None, None
         try:
             with stop_on_first_signal():
@@ -73,10 +77,12 @@ def evolve(config: Config) -> None:
                     say(f"warning: {warning}")
                 best = BestEver(out, ids, lambda d, o: quietly(generate_processor, config, deltas_path=d, out=o),
                                 cluster_fingerprint=cluster_map_digest(clusters))
-                run = Run(config, ids, examples, archive, evaluator, reflector, pool, budget, best,
-                          time.perf_counter())
+                run = Run(config, ids, examples, archive, evaluator, reflector,
+                          workers.pool(config.reflector_concurrency, "reflector"), budget, best, time.perf_counter(),
+                          workers)
                 archive.event("start", strategy=config.strategy, metric_calls=archive.metric_calls())
-                reason = strategy.run(run)
+                with CallWatch(reflector):
+                    reason = strategy.run(run)
                 budget.checkpoint()
                 archive.event("stop", reason=reason)
             say(final_line(reason, best))
@@ -90,9 +96,9 @@ def evolve(config: Config) -> None:
                     archive.event("failed", error=str(exc))
             raise
         finally:
-            pool.shutdown(wait=False, cancel_futures=True)
             if reflector is not None:
-                reflector.close()
+                reflector.close()  # abandons the calls in flight, so that their threads end at once
+            workers.stop()
             if engine is not None:
                 engine.close()
             archive.close()

@@ -10,13 +10,17 @@
   repeated candidate id, or a category outside the three is invalid -> retry once ->
   the caller falls back to its automatic selection.
 
-A call that failed outright (API error after the client's own retries) is an invalid
-attempt like any other. Every text a reply brings is masked and capped (`limits.py`)
-before anything stores it.
+A call that failed outright (API error after the client's own retries, or no reply within
+CONFIG_REFLECTOR_TIMEOUT) is an invalid attempt like any other. Every text a reply brings
+is masked and capped (`limits.py`) before anything stores it.
+
+Once `close` is called (the run is stopping), a call in flight is abandoned and every
+later one raises `Abandoned` at once: the step they belong to replays on resume.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import threading
@@ -29,8 +33,8 @@ from compressor_2.archive.database import CallRecord
 from compressor_2.errors import ReflectorUnavailable
 from compressor_2.reflector import limits
 from compressor_2.reflector.base import (
-    MergeRequest, MergeResult, MutationRequest, MutationResult, Proposer, Reply, Selected, SelectionRequest,
-    SelectionResult, Usage, VectorRequest, VectorResult,
+    Abandoned, MergeRequest, MergeResult, MutationRequest, MutationResult, Outstanding, Proposer, Reply, Selected,
+    SelectionRequest, SelectionResult, Usage, VectorRequest, VectorResult,
 )
 from compressor_2.reflector.prompt_log import PromptLog
 from compressor_2.reflector.prompts import (
@@ -149,7 +153,8 @@ class Call:
 class ValidatingReflector:
     """Implements `Reflector` over any `Proposer`; logs every attempt when given a log and
     keeps the run's token usage in `usage` (calls may come from several threads). Every
-    attempt also goes to `recorder` (the run archive's reflector-call table) when given."""
+    attempt also goes to `recorder` (the run archive's reflector-call table) when given.
+    `outstanding()` says which calls are waiting for the proposer, and since when."""
 
     def __init__(self, proposer: Proposer, descriptions: Mapping[str, Any], answer_max_chars: int,
                  log: PromptLog | None = None, recorder: Callable[[CallRecord], None] | None = None,
@@ -163,7 +168,12 @@ class ValidatingReflector:
         self.log = log
         self.recorder = recorder
         self.usage = Usage()
+        self.where = getattr(proposer, "base_url", proposer.name)  # the URL, or the proposer's name
+        self.timeout: float | None = getattr(proposer, "timeout", None)  # a call's bound, if it has one
         self._lock = threading.Lock()
+        self._closed = False
+        self._waiting: dict[int, Outstanding] = {}
+        self._tickets = itertools.count()
 
     def mutate(self, request: MutationRequest) -> MutationResult:
         messages = mutation_messages(request, self.descriptions, self.answer_max_chars)
@@ -206,7 +216,14 @@ class ValidatingReflector:
             return SelectionResult((), "", attempts, usage, rejected)
         return SelectionResult(parsed[0], parsed[1], attempts, usage, rejected)
 
+    def outstanding(self) -> list[Outstanding]:
+        with self._lock:
+            return list(self._waiting.values())
+
     def close(self) -> None:
+        """Abandons the calls in flight (they raise `Abandoned` in their threads) and every
+        later one."""
+        self._closed = True
         self.proposer.close()
 
     def _attempts(self, call: Call, messages: list[dict[str, str]], ask: Callable[[int], Reply],
@@ -214,10 +231,17 @@ class ValidatingReflector:
         """The first attempt and one retry: (parsed reply or None, attempts, usage, why rejected)."""
         usage, rejected = Usage(), []
         for attempt in range(1, ATTEMPTS + 1):
+            if self._closed:
+                raise Abandoned("the run is stopping")
             if self._stopped is not None:  # calls queued behind the one that gave up make none
                 raise ReflectorUnavailable(self._stopped)
             started = time.perf_counter()
-            reply = ask(attempt)
+            try:
+                reply = self._waited(call, attempt, ask)
+            except Abandoned:
+                if self._stopped is not None:  # abandoned because the run stops on too many failures
+                    raise ReflectorUnavailable(self._stopped) from None
+                raise
             latency = time.perf_counter() - started
             usage += reply.usage
             with self._lock:
@@ -230,15 +254,27 @@ class ValidatingReflector:
                 rejected.append(str(exc))
                 self._finish(call, attempt, messages, reply, f"rejected: {exc}", latency)
                 if dead:
-                    where = getattr(self.proposer, "base_url", self.proposer.name)
-                    self._stopped = (f"the reflector at {where} failed {self._failures} calls in a row "
+                    self._stopped = (f"the reflector at {self.where} failed {self._failures} calls in a row "
                                      f"(CONFIG_REFLECTOR_MAX_CONSECUTIVE_FAILURES); the last error: "
                                      f"{limits.note(reply.error or '')}")
+                    self.proposer.close()  # the calls beside this one are abandoned: the run stops
                     raise ReflectorUnavailable(self._stopped)
                 continue
             self._finish(call, attempt, messages, reply, "accepted", latency)
             return parsed, attempt, usage, tuple(rejected)
         return None, ATTEMPTS, usage, tuple(rejected)
+
+    def _waited(self, call: Call, attempt: int, ask: Callable[[int], Reply]) -> Reply:
+        """`ask(attempt)`, listed in `outstanding()` while it waits."""
+        child = f", child {call.child}" if call.child is not None else ""
+        with self._lock:
+            ticket = next(self._tickets)
+            self._waiting[ticket] = Outstanding(f"{call.kind} (generation {call.generation}{child})", time.monotonic())
+        try:
+            return ask(attempt)
+        finally:
+            with self._lock:
+                del self._waiting[ticket]
 
     def _finish(self, call: Call, attempt: int, messages: list[dict[str, str]], reply: Reply, verdict: str,
                 latency: float) -> None:

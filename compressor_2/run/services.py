@@ -1,6 +1,7 @@
 """What every strategy is handed: `Run`, the run's shared services (the archive, the
-evaluator whose answers it caches, the reflector, the pool of reflector calls, the budget,
-the best-ever tracker), with the helpers every strategy's loop calls on them."""
+evaluator whose answers it caches, the reflector, the pool of reflector calls and the
+run's other thread pools, the budget, the best-ever tracker), with the helpers every
+strategy's loop calls on them."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from compressor_2.reflector.base import Reflector
 from compressor_2.run.best import BestEver
 from compressor_2.run.budget import Budget
 from compressor_2.run.progress import answers_bar
+from compressor_2.run.workers import Workers
 
 
 @dataclass
@@ -37,6 +39,7 @@ class Run:
     budget: Budget
     best: BestEver
     started: float  # perf_counter at this session's start
+    workers: Workers  # every thread pool of the run (`pool` is one of them)
 
     @property
     def out(self) -> Path:
