@@ -1,7 +1,8 @@
 """What every strategy is handed: `Run`, the run's shared services (the archive, the
 evaluator whose answers it caches, the reflector, the pool of reflector calls and the
 run's other thread pools, the budget, the best-ever tracker), with the helpers every
-strategy's loop calls on them."""
+strategy's loop calls on them. `stop_reason`, asked at every step boundary, is where every
+loop ends: a budget reached, or CONFIG_MAX_IDLE_STEPS steps in a row that made nothing new."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import shlex
 import sys
 from collections.abc import Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from compressor_2.archive.database import RunArchive
@@ -21,6 +22,7 @@ from compressor_2.fitness import Evaluation, Evaluator
 from compressor_2.reflector.base import Reflector
 from compressor_2.run.best import BestEver
 from compressor_2.run.budget import Budget
+from compressor_2.run.idle import IdleSteps
 from compressor_2.run.progress import answers_bar
 from compressor_2.run.workers import Workers
 
@@ -40,6 +42,10 @@ class Run:
     best: BestEver
     started: float  # perf_counter at this session's start
     workers: Workers  # every thread pool of the run (`pool` is one of them)
+    idle: IdleSteps = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.idle = IdleSteps(self.config.max_idle_steps)
 
     @property
     def out(self) -> Path:
@@ -74,10 +80,11 @@ class Run:
                               "away (or choose another CONFIG_OUTPUT_DIR) to start a fresh run")
         self.archive.rollback(0, from_step=step)
 
-    def stop_reason(self) -> str | None:
-        """Asked between steps: the first budget reached, if any."""
+    def stop_reason(self, proposer: str = "the reflector") -> str | None:
+        """Asked between steps: the first budget reached, or CONFIG_MAX_IDLE_STEPS steps in
+        a row without a fresh metric call, if any. `proposer` names what proposes genomes."""
         self.budget.checkpoint()
-        return self.budget.exhausted()
+        return self.budget.exhausted() or self.idle.after_step(self.archive.metric_calls(), proposer)
 
 
 def resume_command() -> str:
