@@ -4,7 +4,8 @@
 cached in the archive), the reflector (every call recorded in it), the budget and the
 best-ever tracker, warns when the budget cannot pay for three steps, and hands them to
 the strategy named by CONFIG_STRATEGY. The strategy returns why it stopped; that reason
-goes to the archive's events and onto the last line printed.
+goes to the archive's events and onto the last line printed. A run whose reflector
+answered and never validly is a failure (exit 1), whatever stopped it.
 
 Whatever the exit (done, a budget, Ctrl+C, a failure), the reflector abandons its calls in
 flight first, and then every thread pool of the run is stopped: `evolve` returns within
@@ -83,8 +84,11 @@ def evolve(config: Config) -> None:
                 archive.event("start", strategy=config.strategy, metric_calls=archive.metric_calls())
                 with CallWatch(reflector):
                     reason = strategy.run(run)
+                run.report_invalid_replies()  # the last step's
                 budget.checkpoint()
                 archive.event("stop", reason=reason)
+                if failure := run.nothing_evolved():
+                    raise RunError(failure)
             say(final_line(reason, best))
         except (KeyboardInterrupt, RunError) as exc:
             with contextlib.suppress(Exception), signals_ignored():

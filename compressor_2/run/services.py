@@ -2,7 +2,8 @@
 evaluator whose answers it caches, the reflector, the pool of reflector calls and the
 run's other thread pools, the budget, the best-ever tracker), with the helpers every
 strategy's loop calls on them. `stop_reason`, asked at every step boundary, is where every
-loop ends: a budget reached, or CONFIG_MAX_IDLE_STEPS steps in a row that made nothing new."""
+loop ends: a budget reached, or CONFIG_MAX_IDLE_STEPS steps in a row that made nothing new;
+it also says when most of the last step's reflector replies were invalid."""
 
 from __future__ import annotations
 
@@ -20,10 +21,11 @@ from compressor_2.data.example import Example
 from compressor_2.errors import ConfigError
 from compressor_2.fitness import Evaluation, Evaluator
 from compressor_2.reflector.base import Reflector
+from compressor_2.reflector.prompt_log import PROMPT_DIR
 from compressor_2.run.best import BestEver
 from compressor_2.run.budget import Budget
 from compressor_2.run.idle import IdleSteps
-from compressor_2.run.progress import answers_bar
+from compressor_2.run.progress import answers_bar, say
 from compressor_2.run.workers import Workers
 
 
@@ -43,9 +45,11 @@ class Run:
     started: float  # perf_counter at this session's start
     workers: Workers  # every thread pool of the run (`pool` is one of them)
     idle: IdleSteps = field(init=False)
+    replies_seen: int = field(init=False)  # the newest reflector call the step boundaries have looked at
 
     def __post_init__(self) -> None:
         self.idle = IdleSteps(self.config.max_idle_steps)
+        self.replies_seen = self.archive.verdicts()[0]
 
     @property
     def out(self) -> Path:
@@ -84,7 +88,27 @@ class Run:
         """Asked between steps: the first budget reached, or CONFIG_MAX_IDLE_STEPS steps in
         a row without a fresh metric call, if any. `proposer` names what proposes genomes."""
         self.budget.checkpoint()
-        return self.budget.exhausted() or self.idle.after_step(self.archive.metric_calls(), proposer)
+        if reason := self.budget.exhausted():
+            return reason  # the last step's replies are reported on the way out
+        self.report_invalid_replies()
+        return self.idle.after_step(self.archive.metric_calls(), proposer)
+
+    def report_invalid_replies(self) -> None:
+        """One line when most reflector replies since the last step boundary were invalid."""
+        newest, calls, accepted, last = self.archive.verdicts(after=self.replies_seen)
+        self.replies_seen = newest
+        if 2 * (calls - accepted) > calls:
+            say(f"warning: {calls - accepted} of {calls} reflector replies of the last step were invalid (the last: "
+                f"{last}); the replies are in {self.out / PROMPT_DIR}")
+
+    def nothing_evolved(self) -> str | None:
+        """Why the run failed when the reflector answered and not one reply was valid."""
+        _, calls, accepted, last = self.archive.verdicts()
+        if calls == 0 or accepted:
+            return None
+        return (f"none of the reflector's {calls} replies in this run was valid (the last: {last}), so it evolved "
+                f"nothing; the replies are in {self.out / PROMPT_DIR}: check CONFIG_REFLECTOR_MODEL and that "
+                "its server supports structured outputs")
 
 
 def resume_command() -> str:
