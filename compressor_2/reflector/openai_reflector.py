@@ -33,6 +33,9 @@ from compressor_2.reflector.base import (
 )
 from compressor_2.reflector.prompts import MERGE_SCHEMA, MUTATION_SCHEMA, SELECTION_SCHEMA, vector_schema
 
+# Seed 002's selection request: "max_tokens=2048, temperature=0.5  # Lower temp for more
+# deterministic selection". The other calls leave both to the server, as seed 000 does.
+SELECTION_SETTINGS: dict[str, Any] = {"temperature": 0.5, "max_tokens": 2048}
 CLOSE_SECONDS = 5.0  # closing the client's connections, once every call is cancelled
 
 
@@ -77,7 +80,7 @@ class OpenAIProposer:
 
     def selection(self, request: SelectionRequest, messages: list[Message], attempt: int) -> Reply:
         del request, attempt
-        return self._call(messages, response_format("reflector_selection", SELECTION_SCHEMA))
+        return self._call(messages, response_format("reflector_selection", SELECTION_SCHEMA), SELECTION_SETTINGS)
 
     def close(self) -> None:
         """Cancels the calls in flight (their callers get `Abandoned` at once), closes the
@@ -98,11 +101,11 @@ class OpenAIProposer:
             self._thread.join()
             self._loop.close()
 
-    def _call(self, messages: list[Message], fmt: dict[str, Any]) -> Reply:
+    def _call(self, messages: list[Message], fmt: dict[str, Any], settings: dict[str, Any] | None = None) -> Reply:
         with self._lock:
             if self._closed:
                 raise Abandoned("the run is stopping")
-            call = asyncio.run_coroutine_threadsafe(self._request(messages, fmt), self._loop)
+            call = asyncio.run_coroutine_threadsafe(self._request(messages, fmt, settings or {}), self._loop)
             self._calls.add(call)
         try:
             return call.result()
@@ -112,10 +115,10 @@ class OpenAIProposer:
             with self._lock:
                 self._calls.discard(call)
 
-    async def _request(self, messages: list[Message], fmt: dict[str, Any]) -> Reply:
+    async def _request(self, messages: list[Message], fmt: dict[str, Any], settings: dict[str, Any]) -> Reply:
         try:
             response = await asyncio.wait_for(self._client.chat.completions.create(
-                model=self.model, messages=messages, response_format=fmt,  # type: ignore[arg-type]
+                model=self.model, messages=messages, response_format=fmt, **settings,  # type: ignore[arg-type]
             ), self.timeout)
         except asyncio.TimeoutError:
             return Reply(None, Usage(calls=1), error=f"no reply within {self.timeout:g} s (CONFIG_REFLECTOR_TIMEOUT)")
