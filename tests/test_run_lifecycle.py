@@ -164,21 +164,19 @@ def interrupting(body: dict[str, Any]) -> str:
     return HANG
 
 
-def failing_then_hanging() -> Any:
-    """The first call fails at once and stops the run; the calls beside it never return."""
-    seen: list[dict[str, Any]] = []
-
-    def answer(body: dict[str, Any]) -> Any:
-        seen.append(body)
-        return (500, error_body("the model is on fire")) if len(seen) == 1 else HANG
-    return answer
+def failing_beside_a_hanging_call(body: dict[str, Any]) -> Any:
+    """The archive strategy's cluster generator's call fails at once and stops the run
+    (the loop waits for it first); its vector generator's call, beside it, never returns."""
+    return (500, error_body("the model is on fire")) if kind(body) == "mutation" else HANG
 
 
 EXITS = {  # the responder's maker, extra symbols, the exit code
     "done": (lambda: constant, {}, 0),
     "budget": (lambda: constant, {"MAX_METRIC_CALLS": "5"}, 0),
     "ctrl-c": (lambda: interrupting, {}, 130),
-    "failure": (failing_then_hanging, {"REFLECTOR_MAX_CONSECUTIVE_FAILURES": "1", "CXPB": '"1"'}, 1),
+    "failure": (lambda: failing_beside_a_hanging_call,
+                {"REFLECTOR_MAX_CONSECUTIVE_FAILURES": "1", "STRATEGY_ARCHIVE": "y",
+                 "ARCHIVE_PARENTS_PER_ITERATION": "1", "ARCHIVE_GENERATORS": '"cluster,vector"'}, 1),
 }
 
 

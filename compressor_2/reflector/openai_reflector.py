@@ -91,15 +91,24 @@ class OpenAIProposer:
             self._closed = True
             calls = list(self._calls)
         for call in calls:
-            call.cancel()
+            call.cancel()  # their callers return at once, whatever the loop is doing
         try:
-            asyncio.run_coroutine_threadsafe(self._client.close(), self._loop).result(CLOSE_SECONDS)
+            asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(CLOSE_SECONDS)
         except (concurrent.futures.TimeoutError, OSError):
             pass  # the connections go with the loop
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join()
             self._loop.close()
+
+    async def _shutdown(self) -> None:
+        """Lets the cancelled requests unwind (a task the loop never finished is reported
+        when it is collected), then closes the client's connections."""
+        requests = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in requests:
+            task.cancel()
+        await asyncio.gather(*requests, return_exceptions=True)
+        await self._client.close()
 
     def _call(self, messages: list[Message], fmt: dict[str, Any], settings: dict[str, Any] | None = None) -> Reply:
         with self._lock:
