@@ -5,10 +5,15 @@ its start, comparing it on a resume: see run/identity.py), builds the evaluator 
 cached in the archive), the reflector (every call recorded in it), the budget and the
 best-ever tracker, warns when the budget cannot pay for three steps, and hands them to
 the strategy named by CONFIG_STRATEGY. The strategy returns why it stopped; that reason
-goes to the archive's events and onto the final line. Then, outside the search and its
+goes to the archive's events and onto the final line. A run whose reflector answered and
+never validly is a failure (exit 1), whatever stopped it. Then, outside the search and its
 budget, the held-out check (CONFIG_HOLDOUT_*) measures the best, the front and the
 unsteered baseline, and the run ends with the held-out line. A Ctrl+C skips the check
 (the next run of the same command makes it, from the cache where it can).
+
+Whatever the exit (done, a budget, Ctrl+C, a failure), the reflector abandons its calls in
+flight first, and then every thread pool of the run is stopped: `evolve` returns within
+moments and leaves no thread of its own behind.
 """
 
 from __future__ import annotations
@@ -17,7 +22,6 @@ import contextlib
 import io
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +39,9 @@ from compressor_2.run.checks import Checks, gain, heldout_line
 from compressor_2.run.identity import RunInputs, check_identity
 from compressor_2.run.lock import run_lock
 from compressor_2.run.plots import FRONT_PLOT
-from compressor_2.run.progress import say
+from compressor_2.run.progress import CallWatch, say
 from compressor_2.run.services import Run
+from compressor_2.run.workers import Workers
 from compressor_2.run_directory import check_cluster_outputs, check_output_dir
 from compressor_2.strategies import load_strategy
 
@@ -71,7 +76,7 @@ def evolve(config: Config) -> None:
         initial = load_deltas(config.initial_deltas_path, ids)
         context = answer_context(answer_settings(config, clusters.fingerprint))
         archive = open_archive(out, config, RunInputs(digest, examples, initial), context)
-        pool = ThreadPoolExecutor(config.reflector_concurrency, thread_name_prefix="reflector")
+        workers = Workers()
         reflector, engine, budget, run, stopped = None, None, None, None, False
         try:
             with stop_on_first_signal():
@@ -97,12 +102,17 @@ def evolve(config: Config) -> None:
                     say(f"warning: {warning}")
                 best = BestEver(out, ids, lambda d, o: quietly(generate_processor, config, deltas_path=d, out=o),
                                 cluster_fingerprint=digest)
-                run = Run(config, ids, examples, archive, evaluator, reflector, pool, budget, best,
-                          time.perf_counter(), heldout)
+                run = Run(config, ids, examples, archive, evaluator, reflector,
+                          workers.pool(config.reflector_concurrency, "reflector"), budget, best, time.perf_counter(),
+                          workers, heldout)
                 archive.event("start", strategy=config.strategy, metric_calls=archive.metric_calls())
-                reason = strategy.run(run)
+                with CallWatch(reflector):
+                    reason = strategy.run(run)
+                run.report_invalid_replies()  # the last step's
                 budget.checkpoint()
                 archive.event("stop", reason=reason)
+                if failure := run.nothing_evolved():
+                    raise RunError(failure)
                 stopped = True
                 # After the search, outside its budget: nothing it drew or decided changes.
                 checked = checks.heldout_check()
@@ -131,9 +141,9 @@ def evolve(config: Config) -> None:
                     run.refresh()
             raise
         finally:
-            pool.shutdown(wait=False, cancel_futures=True)
             if reflector is not None:
-                reflector.close()
+                reflector.close()  # abandons the calls in flight, so that their threads end at once
+            workers.stop()
             if engine is not None:
                 engine.close()
             archive.close()

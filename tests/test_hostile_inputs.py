@@ -692,3 +692,212 @@ def test_temp_files_a_killed_run_left_are_removed_and_nothing_else(tmp_path, sha
     assert "removed 3 temp file(s) a killed run had left" in capsys.readouterr().out
     assert [p for p in orphans if p.exists()] == []
     assert [p for p in kept if not p.exists()] == [] and (out / ".dir.abcdefgh.tmp").is_dir()
+
+
+# == Issue T, items 2, 3, 5, 6 and 7: what a reflector's replies may do to a run ================
+#
+# `REPLIES` is a table of hostile reflectors: a fake OpenAI-compatible server gives each row's
+# answer to every request of a one-generation GA run, and the row says what must hold after
+# it: the exit code, the last line printed, and a check on the run directory and everything
+# printed. Ctrl+C with a call in flight and the run lock follow as named tests: each needs a
+# run in a process of its own, held in a reflector call that never returns.
+
+REPLY_KEY = "sk-replies-SECRET-5151"
+REPLY_KEY_ENV = "C2_REPLIES_KEY"
+
+
+@dataclass(frozen=True)
+class ReplyCase:
+    name: str
+    answer: Callable[[dict[str, Any], dict[str, str]], tuple[int, Any]]  # (body, headers) -> (status, body)
+    symbols: dict[str, str]
+    code: int
+    last: str  # a regex the last line printed (stdout, then stderr) matches in full
+    check: Callable[[Path, str], None]  # (the run directory, everything printed)
+
+
+def reply_kind(body: dict[str, Any]) -> str:
+    return body["response_format"]["json_schema"]["name"].removeprefix("reflector_")
+
+
+def replying(mutation: str, merge: str) -> Callable[[dict[str, Any], dict[str, str]], tuple[int, Any]]:
+    """Every mutation call answered with the text `mutation`, every merge with `merge`."""
+    from tests.fakes.openai_server import chat_completion
+
+    def answer(body: dict[str, Any], headers: dict[str, str]) -> tuple[int, Any]:
+        del headers
+        return 200, chat_completion(mutation if reply_kind(body) == "mutation" else merge)
+    return answer
+
+
+def echoing_the_key(body: dict[str, Any], headers: dict[str, str]) -> tuple[int, Any]:
+    """The Authorization header inside the scratchpad, as sent and JSON-escaped."""
+    from tests.fakes.openai_server import chat_completion
+
+    auth = next(v for k, v in headers.items() if k.lower() == "authorization")
+    escaped = "".join(f"\\u{ord(c):04x}" for c in auth)
+    pad = f'"you sent {auth}; escaped, {escaped}"'
+    reply = f'{{"delta": 1.5, "scratchpad": {pad}}}' if reply_kind(body) == "mutation" else f'{{"scratchpad": {pad}}}'
+    return 200, chat_completion(reply)
+
+
+def no_key_anywhere(out: Path, printed: str) -> None:
+    assert REPLY_KEY not in printed
+    assert [p for p in out.rglob("*") if p.is_file() and REPLY_KEY.encode() in p.read_bytes()] == []
+    pads = [pad for (pad,) in archive_rows(out, "SELECT scratchpad FROM candidates WHERE scratchpad != ''")]
+    assert pads and all(pad.count("Bearer ***") == 2 for pad in pads)  # the echo was kept, masked
+
+
+NEWEST_NOTE = "g0: the newest note"
+
+
+def huge(body: dict[str, Any], headers: dict[str, str]) -> tuple[int, Any]:
+    """A 10 MB scratchpad of old notes that ends with the newest one."""
+    from tests.fakes.openai_server import chat_completion
+
+    del headers
+    pad = "g0: an old note that repeats\n" * 360_000 + NEWEST_NOTE
+    reply = {"delta": 1.5, "scratchpad": pad} if reply_kind(body) == "mutation" else {"scratchpad": pad}
+    return 200, chat_completion(json.dumps(reply))
+
+
+def small_and_recent(out: Path, printed: str) -> None:
+    from compressor_2.reflector.limits import SCRATCHPAD_MAX_CHARS
+
+    del printed
+    pads = [pad for (pad,) in archive_rows(out, "SELECT scratchpad FROM candidates WHERE scratchpad != ''")]
+    assert pads and all(len(pad) <= SCRATCHPAD_MAX_CHARS and pad.endswith(NEWEST_NOTE) for pad in pads)
+    assert all(len(m["scratchpad"]) <= SCRATCHPAD_MAX_CHARS
+               for m in json.loads((out / STATE).read_text(encoding="utf-8"))["population"])
+    assert sum(p.stat().st_size for p in out.rglob("*") if p.is_file()) < 3_000_000  # was 251 MB in 7 calls
+
+
+def failed_with_its_reason(out: Path, printed: str) -> None:
+    del printed
+    assert [kind for (kind,) in archive_rows(out, "SELECT kind FROM events ORDER BY id")][-2:] == ["stop", "failed"]
+    assert json.loads((out / HISTORY).read_text(encoding="utf-8"))[-1]["stop_reason"] == "all 1 generations ran"
+
+
+def warned(line: str) -> Callable[[Path, str], None]:
+    def check(out: Path, printed: str) -> None:
+        assert re.search(line, printed, re.M), printed
+    return check
+
+
+NOTHING_VALID = r"error: none of the reflector's \d+ replies in this run was valid \(the last: {}\), so it evolved nothing.*"
+DONE = r"done: all 1 generations ran; best fitness .*"
+
+EVERY_CALL = {"CXPB": '"1"', "MUTPB": '"1"'}  # every child a crossover (a merge call), then mutated
+
+REPLIES = [
+    ReplyCase("the key echoed in a scratchpad (item 2)", echoing_the_key, EVERY_CALL, 0, DONE, no_key_anywhere),
+    ReplyCase("a 10 MB scratchpad (item 3)", huge, EVERY_CALL, 0, DONE, small_and_recent),
+    ReplyCase("every reply garbage (item 5)", replying("I would raise it a little.", "Merged, more or less."),
+              EVERY_CALL, 1, NOTHING_VALID.format("the reply is not JSON"), failed_with_its_reason),
+    ReplyCase("every reply against the schema (item 5)",
+              replying('{"delta": "up", "scratchpad": "s"}', '{"notes": "merged"}'), EVERY_CALL,
+              1, NOTHING_VALID.format("delta is 'up', not a finite number"), failed_with_its_reason),
+    ReplyCase("most replies of a step against the schema (item 5)",
+              replying('{"delta": "up", "scratchpad": "s"}', '{"scratchpad": "merged"}'), EVERY_CALL, 0, DONE,
+              warned(r"^warning: 6 of 9 reflector replies of the last step were invalid \(the last: delta is 'up', "
+                     r"not a finite number\); the replies are in .*reflector_prompts$")),
+]
+
+
+@pytest.mark.parametrize("case", REPLIES, ids=[c.name for c in REPLIES])
+def test_a_hostile_reflector_reply(case: ReplyCase, tmp_path, shared, tiny_model_dir, monkeypatch, capsys):
+    from tests.fakes.openai_server import FakeOpenAIServer
+
+    monkeypatch.setenv(REPLY_KEY_ENV, REPLY_KEY)
+    with FakeOpenAIServer(case.answer, with_headers=True) as server:
+        config = write_config(tmp_path, shared, tiny_model_dir, NGEN="1", **reply_symbols(server), **case.symbols)
+        code = main(["evolve", "--config", str(config)])
+    captured = capsys.readouterr()
+    printed = captured.out + captured.err
+    assert code == case.code, printed[-3000:]
+    last = (captured.out if code == 0 else captured.err).strip().splitlines()[-1]
+    assert re.fullmatch(case.last, last), last
+    case.check(tmp_path / "out", printed)
+
+
+def reply_symbols(server: Any, **extra: str) -> dict[str, str]:
+    return {"REFLECTOR_OPENAI": "y", "REFLECTOR_BASE_URL": f'"{server.base_url}"',
+            "REFLECTOR_API_KEY_ENV": f'"{REPLY_KEY_ENV}"', "REFLECTOR_MAX_RETRIES": "0", **extra}
+
+
+def archive_rows(out: Path, sql: str) -> list[tuple[Any, ...]]:
+    with closing(sqlite3.connect(out / "run.sqlite")) as db:
+        return db.execute(sql).fetchall()
+
+
+def wait_for_a_call(server: Any, proc: Any) -> None:
+    """Until the run in `proc` has a reflector call in flight (a hang guard of 300 s)."""
+    import time
+
+    deadline = time.monotonic() + 300
+    while not server.requests:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"the run ended (or hung) before its first reflector call: {proc.communicate()}")
+        time.sleep(0.05)
+
+
+def test_ctrl_c_with_a_reflector_call_in_flight_saves_and_exits_at_once(tmp_path, shared, tiny_model_dir,
+                                                                        monkeypatch):
+    """Item 6: the reflector accepts the call and never answers (CONFIG_REFLECTOR_TIMEOUT at
+    10 minutes). Ctrl+C saves the state and exits with 130 at once, abandoning the call: the
+    generation replays on resume. The process used to wait out the HTTP timeout (97 s with
+    the defaults); the 60 s limit guards a hang, it is not a speed target."""
+    import signal
+
+    from tests.fakes.openai_server import HANG, FakeOpenAIServer
+    from tests.test_resume import start_evolve
+
+    monkeypatch.setenv(REPLY_KEY_ENV, REPLY_KEY)
+    with FakeOpenAIServer(lambda body: HANG) as server:
+        config = write_config(tmp_path, shared, tiny_model_dir, **reply_symbols(server, REFLECTOR_TIMEOUT="600"))
+        proc = start_evolve(config)
+        try:
+            wait_for_a_call(server, proc)
+            proc.send_signal(signal.SIGINT)
+            _, stderr = proc.communicate(timeout=60)
+        finally:
+            proc.kill()  # when it hung: a no-op once it has exited
+    assert proc.returncode == 130, stderr
+    assert "interrupted: state saved to" in stderr and stderr.rstrip().endswith("\ninterrupted"), stderr
+    assert "Traceback" not in stderr
+    assert json.loads((tmp_path / "out" / STATE).read_text(encoding="utf-8"))["generation"] == 0
+
+
+def test_a_removed_lock_file_lets_no_second_evolve_in(tmp_path, shared, tiny_model_dir, monkeypatch, capsys):
+    """Item 7: the lock is held on the run directory itself, so `rm run.lock` during a run
+    changes nothing: a second evolve is refused with the busy directory's line and exit 1."""
+    import signal
+
+    from tests.fakes.openai_server import HANG, FakeOpenAIServer
+    from tests.test_resume import start_evolve
+
+    monkeypatch.setenv(REPLY_KEY_ENV, REPLY_KEY)
+    out = tmp_path / "out"
+    with FakeOpenAIServer(lambda body: HANG) as server:
+        config = write_config(tmp_path, shared, tiny_model_dir, **reply_symbols(
+            server, REFLECTOR_TIMEOUT="60", REFLECTOR_MAX_CONSECUTIVE_FAILURES="1"))
+        first = start_evolve(config)
+        try:
+            wait_for_a_call(server, first)  # it holds the lock, in generation 0, and writes nothing
+            (out / "run.lock").unlink()
+            files, answers = run_files(out), answers_stored(out)
+            code = main(["evolve", "--config", str(config)])
+            untouched = (run_files(out), answers_stored(out)) == (files, answers)
+            still_running = first.poll() is None
+        finally:
+            first.send_signal(signal.SIGINT)
+            try:
+                first.communicate(timeout=60)
+            finally:
+                first.kill()
+    assert still_running, "the first run ended before the second started: the test proved nothing"
+    assert (code, capsys.readouterr().err.strip().splitlines()) == (1, [
+        f"error: '{out}' is in use by another evolve (pid unknown: run.lock was removed): wait for it to finish or "
+        "stop it, or choose another CONFIG_OUTPUT_DIR"])
+    assert untouched

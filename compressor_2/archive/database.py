@@ -591,6 +591,16 @@ class RunArchive:
         """The latency of every reflector attempt, summed: what the reflector cost in time."""
         return float(self._query("SELECT coalesce(sum(latency), 0) FROM reflector_calls")[0][0])
 
+    def verdicts(self, after: int = 0) -> tuple[int, int, int, str]:
+        """(the newest reflector call's id, the calls after id `after`, how many of them
+        were accepted, why the last rejected one was rejected or "")."""
+        newest, calls, accepted = self._query(
+            "SELECT coalesce(max(id), ?), count(*), coalesce(sum(verdict = 'accepted'), 0) FROM reflector_calls "
+            "WHERE id > ?", (after, after))[0]
+        rejected = self._query("SELECT verdict FROM reflector_calls WHERE id > ? AND verdict != 'accepted' "
+                               "ORDER BY id DESC LIMIT 1", (after,))
+        return int(newest), int(calls), int(accepted), rejected[0][0].removeprefix("rejected: ") if rejected else ""
+
     def calls_about(self, cid: int) -> list[CallRecord]:
         rows = self._query("SELECT kind, candidate, parents, generation, attempt, prompt_tokens, completion_tokens, "
                            "latency, verdict FROM reflector_calls WHERE candidate = ? ORDER BY id", (cid,))

@@ -94,6 +94,7 @@ class Config:
     max_metric_calls: int
     max_reflector_tokens: int
     max_wall_minutes: float
+    max_idle_steps: int  # steps in a row without a fresh metric call before the run stops
     archive: ArchiveOptions | None  # with strategy "archive"
     gepa: GepaOptions | None  # with strategy "gepa"
     random: RandomOptions | None  # with strategy "random"
@@ -198,6 +199,8 @@ def _build(r: Reader) -> Config:
     require(total > 0, "CONFIG_LAMBDA_SHORTNESS and CONFIG_LAMBDA_CORRECTNESS are both 0")
 
     wall_minutes = r.number("MAX_WALL_MINUTES", 0, MAX_WALL_MINUTES)
+    idle_steps = r.integer("MAX_IDLE_STEPS")
+    require(idle_steps >= 1, f"CONFIG_MAX_IDLE_STEPS={idle_steps} must be at least 1")
     temperature = r.number("TEMPERATURE", 0, MAX_TEMPERATURE)
     require(temperature == 0 or temperature >= MIN_TEMPERATURE,
             f"CONFIG_TEMPERATURE={r.raw('TEMPERATURE')} must be 0 (greedy) or {interval(MIN_TEMPERATURE, MAX_TEMPERATURE)}: "
@@ -278,6 +281,7 @@ def _build(r: Reader) -> Config:
         max_metric_calls=r.integer("MAX_METRIC_CALLS"),
         max_reflector_tokens=r.integer("MAX_REFLECTOR_TOKENS"),
         max_wall_minutes=wall_minutes,
+        max_idle_steps=idle_steps,
         archive=archive_options(r) if r.choice_suffix("STRATEGY_") == "archive" else None,
         gepa=gepa_options(r, r.integer("MAX_METRIC_CALLS")) if r.choice_suffix("STRATEGY_") == "gepa" else None,
         random=random_options(r) if r.choice_suffix("STRATEGY_") == "random" else None,

@@ -145,6 +145,19 @@ class MergeResult:
 
 
 @dataclass(frozen=True)
+class Outstanding:
+    """A call waiting for its proposer, for the progress line."""
+
+    what: str  # "mutation (generation 2, child 1)"
+    since: float  # time.monotonic() when it was sent
+
+
+class Abandoned(Exception):
+    """The reflector was closed (the run is stopping): a call in flight, or one asked for
+    after, is given up; its step replays on resume."""
+
+
+@dataclass(frozen=True)
 class Reply:
     """One raw attempt: JSON text, or None with `error` when the call itself failed."""
 
@@ -167,11 +180,15 @@ class Proposer(Protocol):
 
     def selection(self, request: SelectionRequest, messages: list[Message], attempt: int) -> Reply: ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Gives up the calls in flight at once (they raise `Abandoned`), and every later one."""
+        ...
 
 
 class Reflector(Protocol):
     usage: Usage  # the run's total so far
+    where: str  # what the progress lines call it: its URL, or the proposer's name
+    timeout: float | None  # the bound of one call (CONFIG_REFLECTOR_TIMEOUT), if it has one
 
     def mutate(self, request: MutationRequest) -> MutationResult: ...
 
@@ -181,4 +198,8 @@ class Reflector(Protocol):
 
     def select(self, request: SelectionRequest) -> SelectionResult: ...
 
-    def close(self) -> None: ...
+    def outstanding(self) -> list[Outstanding]: ...
+
+    def close(self) -> None:
+        """Abandons the calls in flight (they raise `Abandoned`) and every later one."""
+        ...

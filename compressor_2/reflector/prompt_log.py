@@ -1,5 +1,6 @@
 """One text file per reflector attempt under output_dir/reflector_prompts/ (seed 000 §8):
-the exact messages, the raw reply and the verdict. Headers, keys and URLs never appear."""
+the exact messages, the raw reply (its first REPLY_LOG_MAX_CHARS characters) and the
+verdict. Headers, keys and URLs never appear."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 from compressor_2.api_key import scrub
 from compressor_2.atomic import atomic_write_text
+from compressor_2.reflector.limits import REPLY_LOG_MAX_CHARS, keep_first
 from compressor_2.reflector.base import Message, Reply
 
 PROMPT_DIR = "reflector_prompts"  # in the run's output directory
@@ -31,7 +33,8 @@ class PromptLog:
         for message in messages:
             parts += [f"===== {message['role']} =====", message["content"]]
         parts += ["===== reply =====",
-                  reply.content if reply.content is not None else f"(call failed: {reply.error})",
+                  keep_first(reply.content, REPLY_LOG_MAX_CHARS) if reply.content is not None
+                  else f"(call failed: {reply.error})",
                   "===== verdict =====", verdict,
                   f"usage: prompt_tokens={reply.usage.prompt_tokens} "
                   f"completion_tokens={reply.usage.completion_tokens}"]

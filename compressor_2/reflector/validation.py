@@ -10,12 +10,17 @@
   repeated candidate id, or a category outside the three is invalid -> retry once ->
   the caller falls back to its automatic selection.
 
-A call that failed outright (API error after the client's own retries) is an invalid
-attempt like any other.
+A call that failed outright (API error after the client's own retries, or no reply within
+CONFIG_REFLECTOR_TIMEOUT) is an invalid attempt like any other. Every text a reply brings
+is masked and capped (`limits.py`) before anything stores it.
+
+Once `close` is called (the run is stopping), a call in flight is abandoned and every
+later one raises `Abandoned` at once: the step they belong to replays on resume.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import threading
@@ -26,9 +31,10 @@ from typing import Any, TypeVar
 
 from compressor_2.archive.database import CallRecord
 from compressor_2.errors import ReflectorUnavailable
+from compressor_2.reflector import limits
 from compressor_2.reflector.base import (
-    MergeRequest, MergeResult, MutationRequest, MutationResult, Proposer, Reply, Selected, SelectionRequest,
-    SelectionResult, Usage, VectorRequest, VectorResult,
+    Abandoned, MergeRequest, MergeResult, MutationRequest, MutationResult, Outstanding, Proposer, Reply, Selected,
+    SelectionRequest, SelectionResult, Usage, VectorRequest, VectorResult,
 )
 from compressor_2.reflector.prompt_log import PromptLog
 from compressor_2.reflector.prompts import (
@@ -53,6 +59,8 @@ def _json_object(reply: Reply) -> dict[str, Any]:
         data = json.loads(reply.content)
     except json.JSONDecodeError:
         raise InvalidOutput("the reply is not JSON") from None
+    except RecursionError:
+        raise InvalidOutput("the reply is JSON nested too deeply to read") from None
     if not isinstance(data, dict):
         raise InvalidOutput("the reply is not a JSON object")
     return data
@@ -61,8 +69,15 @@ def _json_object(reply: Reply) -> dict[str, Any]:
 def _scratchpad(data: Mapping[str, Any]) -> str:
     scratchpad = data.get("scratchpad")
     if not isinstance(scratchpad, str):
-        raise InvalidOutput(f"scratchpad is {scratchpad!r}, not a string")
-    return scratchpad
+        raise InvalidOutput(f"scratchpad is {limits.shown(scratchpad)}, not a string")
+    return limits.scratchpad(scratchpad)
+
+
+def _text(data: Mapping[str, Any], key: str, where: str = "") -> str:
+    value = data.get(key)
+    if not isinstance(value, str):
+        raise InvalidOutput(f"{where}{key} is {limits.shown(value)}, not a string")
+    return limits.kept_text(value)
 
 
 def parse_mutation(reply: Reply, current: float) -> tuple[float, str]:
@@ -70,7 +85,7 @@ def parse_mutation(reply: Reply, current: float) -> tuple[float, str]:
     data = _json_object(reply)
     delta = data.get("delta")
     if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not math.isfinite(delta):
-        raise InvalidOutput(f"delta is {delta!r}, not a finite number")
+        raise InvalidOutput(f"delta is {limits.shown(delta)}, not a finite number")
     if abs(delta - current) <= UNCHANGED_TOLERANCE:
         raise InvalidOutput(f"delta {delta!r} equals the current value {current!r}")
     return float(delta), _scratchpad(data)
@@ -85,50 +100,42 @@ def parse_vector(reply: Reply, current: Mapping[str, float]) -> tuple[dict[str, 
     data = _json_object(reply)
     deltas = data.get("deltas")
     if not isinstance(deltas, dict):
-        raise InvalidOutput(f"deltas is {deltas!r}, not an object")
+        raise InvalidOutput(f"deltas is {limits.shown(deltas)}, not an object")
     missing, extra = set(current) - set(deltas), set(deltas) - set(current)
     if missing or extra:
-        raise InvalidOutput(f"deltas has the wrong cluster ids (missing: {sorted(missing, key=str)}, "
-                            f"unknown: {sorted(extra, key=str)})")
+        raise InvalidOutput(f"deltas has the wrong cluster ids (missing: {limits.shown(sorted(missing, key=str))}, "
+                            f"unknown: {limits.shown(sorted(extra, key=str))})")
     new = {}
     for cid in current:
         value = deltas[cid]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise InvalidOutput(f"delta of cluster {cid} is {value!r}, not a finite number")
+            raise InvalidOutput(f"delta of cluster {cid} is {limits.shown(value)}, not a finite number")
         new[cid] = float(value)
     if all(abs(new[cid] - current[cid]) <= UNCHANGED_TOLERANCE for cid in current):
         raise InvalidOutput("the deltas equal the current ones")
-    summary = data.get("summary")
-    if not isinstance(summary, str):
-        raise InvalidOutput(f"summary is {summary!r}, not a string")
-    return new, summary
+    return new, _text(data, "summary")
 
 
 def parse_selection(reply: Reply, known: set[int]) -> tuple[tuple[Selected, ...], str]:
     data = _json_object(reply)
     selections = data.get("selections")
     if not isinstance(selections, list):
-        raise InvalidOutput(f"selections is {selections!r}, not a list")
+        raise InvalidOutput(f"selections is {limits.shown(selections)}, not a list")
     if not MIN_SELECTIONS <= len(selections) <= MAX_SELECTIONS:
         raise InvalidOutput(f"{len(selections)} selections, not {MIN_SELECTIONS} to {MAX_SELECTIONS}")
     chosen: list[Selected] = []
     for item in selections:
         if not isinstance(item, dict):
-            raise InvalidOutput(f"selection {item!r} is not an object")
-        cid, reasoning, category = item.get("candidate_id"), item.get("reasoning"), item.get("category")
+            raise InvalidOutput(f"selection {limits.shown(item)} is not an object")
+        cid, category = item.get("candidate_id"), item.get("category")
         if isinstance(cid, bool) or not isinstance(cid, int) or cid not in known:
-            raise InvalidOutput(f"candidate_id {cid!r} is not in this population")
+            raise InvalidOutput(f"candidate_id {limits.shown(cid)} is not in this population")
         if any(s.candidate_id == cid for s in chosen):
             raise InvalidOutput(f"candidate {cid} is selected twice")
         if category not in CATEGORIES:
-            raise InvalidOutput(f"category {category!r} is not one of {', '.join(CATEGORIES)}")
-        if not isinstance(reasoning, str):
-            raise InvalidOutput(f"reasoning of candidate {cid} is {reasoning!r}, not a string")
-        chosen.append(Selected(cid, reasoning, category))
-    summary = data.get("summary")
-    if not isinstance(summary, str):
-        raise InvalidOutput(f"summary is {summary!r}, not a string")
-    return tuple(chosen), summary
+            raise InvalidOutput(f"category {limits.shown(category)} is not one of {', '.join(CATEGORIES)}")
+        chosen.append(Selected(cid, _text(item, "reasoning", f"candidate {cid}'s "), category))
+    return tuple(chosen), _text(data, "summary")
 
 
 @dataclass(frozen=True)
@@ -146,7 +153,8 @@ class Call:
 class ValidatingReflector:
     """Implements `Reflector` over any `Proposer`; logs every attempt when given a log and
     keeps the run's token usage in `usage` (calls may come from several threads). Every
-    attempt also goes to `recorder` (the run archive's reflector-call table) when given."""
+    attempt also goes to `recorder` (the run archive's reflector-call table) when given.
+    `outstanding()` says which calls are waiting for the proposer, and since when."""
 
     def __init__(self, proposer: Proposer, descriptions: Mapping[str, Any], answer_max_chars: int,
                  log: PromptLog | None = None, recorder: Callable[[CallRecord], None] | None = None,
@@ -160,7 +168,12 @@ class ValidatingReflector:
         self.log = log
         self.recorder = recorder
         self.usage = Usage()
+        self.where = getattr(proposer, "base_url", proposer.name)  # the URL, or the proposer's name
+        self.timeout: float | None = getattr(proposer, "timeout", None)  # a call's bound, if it has one
         self._lock = threading.Lock()
+        self._closed = False
+        self._waiting: dict[int, Outstanding] = {}
+        self._tickets = itertools.count()
 
     def mutate(self, request: MutationRequest) -> MutationResult:
         messages = mutation_messages(request, self.descriptions, self.answer_max_chars)
@@ -203,7 +216,14 @@ class ValidatingReflector:
             return SelectionResult((), "", attempts, usage, rejected)
         return SelectionResult(parsed[0], parsed[1], attempts, usage, rejected)
 
+    def outstanding(self) -> list[Outstanding]:
+        with self._lock:
+            return list(self._waiting.values())
+
     def close(self) -> None:
+        """Abandons the calls in flight (they raise `Abandoned` in their threads) and every
+        later one."""
+        self._closed = True
         self.proposer.close()
 
     def _attempts(self, call: Call, messages: list[dict[str, str]], ask: Callable[[int], Reply],
@@ -211,10 +231,17 @@ class ValidatingReflector:
         """The first attempt and one retry: (parsed reply or None, attempts, usage, why rejected)."""
         usage, rejected = Usage(), []
         for attempt in range(1, ATTEMPTS + 1):
+            if self._closed:
+                raise Abandoned("the run is stopping")
             if self._stopped is not None:  # calls queued behind the one that gave up make none
                 raise ReflectorUnavailable(self._stopped)
             started = time.perf_counter()
-            reply = ask(attempt)
+            try:
+                reply = self._waited(call, attempt, ask)
+            except Abandoned:
+                if self._stopped is not None:  # abandoned because the run stops on too many failures
+                    raise ReflectorUnavailable(self._stopped) from None
+                raise
             latency = time.perf_counter() - started
             usage += reply.usage
             with self._lock:
@@ -227,18 +254,32 @@ class ValidatingReflector:
                 rejected.append(str(exc))
                 self._finish(call, attempt, messages, reply, f"rejected: {exc}", latency)
                 if dead:
-                    where = getattr(self.proposer, "base_url", self.proposer.name)
-                    self._stopped = (f"the reflector at {where} failed {self._failures} calls in a row "
-                                     f"(CONFIG_REFLECTOR_MAX_CONSECUTIVE_FAILURES); the last error: {reply.error}")
+                    self._stopped = (f"the reflector at {self.where} failed {self._failures} calls in a row "
+                                     f"(CONFIG_REFLECTOR_MAX_CONSECUTIVE_FAILURES); the last error: "
+                                     f"{limits.note(reply.error or '')}")
+                    self.proposer.close()  # the calls beside this one are abandoned: the run stops
                     raise ReflectorUnavailable(self._stopped)
                 continue
             self._finish(call, attempt, messages, reply, "accepted", latency)
             return parsed, attempt, usage, tuple(rejected)
         return None, ATTEMPTS, usage, tuple(rejected)
 
+    def _waited(self, call: Call, attempt: int, ask: Callable[[int], Reply]) -> Reply:
+        """`ask(attempt)`, listed in `outstanding()` while it waits."""
+        child = f", child {call.child}" if call.child is not None else ""
+        with self._lock:
+            ticket = next(self._tickets)
+            self._waiting[ticket] = Outstanding(f"{call.kind} (generation {call.generation}{child})", time.monotonic())
+        try:
+            return ask(attempt)
+        finally:
+            with self._lock:
+                del self._waiting[ticket]
+
     def _finish(self, call: Call, attempt: int, messages: list[dict[str, str]], reply: Reply, verdict: str,
                 latency: float) -> None:
         """One attempt done: to the prompt log and the archive."""
+        verdict = limits.note(verdict)
         if self.log is not None:
             self.log.write(call.generation, call.kind, call.child, attempt, call.indices, messages, reply, verdict)
         if self.recorder is not None:

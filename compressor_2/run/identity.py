@@ -158,6 +158,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("CONFIG_MAX_METRIC_CALLS", ("MAX_METRIC_CALLS",), lambda c, _: c.max_metric_calls, BUDGET),
     Setting("CONFIG_MAX_REFLECTOR_TOKENS", ("MAX_REFLECTOR_TOKENS",), lambda c, _: c.max_reflector_tokens, BUDGET),
     Setting("CONFIG_MAX_WALL_MINUTES", ("MAX_WALL_MINUTES",), lambda c, _: c.max_wall_minutes, BUDGET),
+    Setting("CONFIG_MAX_IDLE_STEPS", ("MAX_IDLE_STEPS",), lambda c, _: c.max_idle_steps,
+            "how many steps in a row that made nothing new end the run; the count restarts at every start"),
     Setting("CONFIG_REFLECTOR_*", ("REFLECTOR_LOCAL", "REFLECTOR_OPENAI"), lambda c, _: c.reflector, REFLECTOR),
     *(Setting(f"CONFIG_{name.upper()}", (name.upper(),), lambda c, _, n=name: getattr(c, n), REFLECTOR)
       for name in ("reflector_model", "reflector_base_url", "reflector_api_key_env", "reflector_timeout",

@@ -1,5 +1,9 @@
 """One `evolve` per run directory: the archive has one writer, and two runs writing the
-same state file would corrupt each other's resume."""
+same state file would corrupt each other's resume.
+
+The lock is held on the directory itself, not on a file in it: `rm run.lock` during a run
+once let a second `evolve` in. run.lock only names the holder's pid (and marks the
+directory as a run's for the other commands)."""
 
 from __future__ import annotations
 
@@ -19,18 +23,22 @@ def run_lock(directory: Path) -> Iterator[None]:
     """Holds an exclusive lock on `directory` or refuses at once. The kernel drops the
     lock when the process dies, however it dies, so a killed run never blocks a rerun."""
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
         os.close(fd)
-        raise RunError(f"'{directory}' is in use by another evolve (pid {holder}): wait for it to finish "
+        raise RunError(f"'{directory}' is in use by another evolve (pid {_holder(directory)}): wait for it to finish "
                        "or stop it, or choose another CONFIG_OUTPUT_DIR") from None
     try:
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        (directory / LOCK_FILE).write_text(f"{os.getpid()}\n", encoding="utf-8")
         yield
     finally:
         os.close(fd)
+
+
+def _holder(directory: Path) -> str:
+    try:
+        return (directory / LOCK_FILE).read_text(encoding="utf-8", errors="replace").strip()[:32] or "unknown"
+    except OSError:
+        return f"unknown: {LOCK_FILE} was removed"

@@ -182,10 +182,8 @@ class Archive:
 
     def __init__(self, run: Run, options: ArchiveOptions, rng: random.Random,
                  history: list[dict[str, Any]]) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
         self.run, self.options, self.rng, self.history = run, options, rng, history
-        self.generation_pool = ThreadPoolExecutor(options.generation_concurrency, thread_name_prefix="generator")
+        self.generation_pool = run.workers.pool(options.generation_concurrency, "generator")
         self.gold_tokens = run.gold_tokens
         self._records: dict[int, Evaluation] = {}
 
@@ -391,7 +389,6 @@ class Archive:
         if self.history:
             self.history[-1]["stop_reason"] = reason
             save_history(self.run.out / HISTORY_FILE, self.history)
-        self.generation_pool.shutdown(wait=False, cancel_futures=True)
 
 
 # -- generators: (archive, job) -> a proposal, or None when the reflector gave none --------

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from compressor_2.reflector.limits import keep_recent
+
 
 def weighted_average(a: Sequence[float], b: Sequence[float], fitness_a: float,
                      fitness_b: float) -> list[float]:
@@ -17,5 +19,6 @@ def weighted_average(a: Sequence[float], b: Sequence[float], fitness_a: float,
 
 
 def append_summary(scratchpad: str, summary: str) -> str:
-    """Seed 001 §4.3: the driver appends the reflector's summary to the evolving summary."""
-    return "\n".join(part for part in (scratchpad.strip(), summary.strip()) if part)
+    """Seed 001 §4.3: the driver appends the reflector's summary to the evolving summary,
+    which keeps its most recent notes (reflector/limits.py)."""
+    return keep_recent("\n".join(part for part in (scratchpad.strip(), summary.strip()) if part))

@@ -83,7 +83,7 @@ def search(run: Run, sampler: Sampler, name: str, steps: int, state_file: str, s
         say(f"{name}: {steps} {step_name}s on {len(run.examples)} training examples, seeded by the initial "
             f"deltas (fitness {seed.fitness:.4f})")
     for t in range(start, steps):
-        if reason := run.stop_reason():
+        if reason := run.stop_reason(proposer="the sampler"):
             return _stop(run, history, reason)
         try:
             batch = sampler.ask()                                                           # 1.

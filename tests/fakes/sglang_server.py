@@ -508,7 +508,15 @@ def make_handler(server: FakeServer) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-class IPv6HTTPServer(ThreadingHTTPServer):
+class QuietHTTPServer(ThreadingHTTPServer):
+    """A client that hung up (an abandoned request) is not an error worth a traceback."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
+class IPv6HTTPServer(QuietHTTPServer):
     address_family = socket.AF_INET6
 
 
@@ -527,7 +535,7 @@ def main(argv: list[str]) -> None:
         sys.exit(args.fake_exit_during_startup)
     server = FakeServer(args)
     # As SGLang's own server does, an IPv6 host such as ::1 gets an IPv6 socket.
-    server_class = IPv6HTTPServer if ":" in args.host else ThreadingHTTPServer
+    server_class = IPv6HTTPServer if ":" in args.host else QuietHTTPServer
     server_class.daemon_threads = True
     httpd = server_class((args.host, args.port), make_handler(server))
     httpd.serve_forever()

@@ -1,0 +1,60 @@
+"""What of a reply may be stored: every text a reply brings is masked (`api_key.scrub`: a
+server or proxy may echo the Authorization header into the content) and capped before the
+run archive, a state file, the history or the prompt log holds it.
+
+- a scratchpad keeps its most recent SCRATCHPAD_MAX_CHARS characters (notes are appended,
+  newest last; the local reflector's 40 notes stay far below), from the first line that
+  starts inside them;
+- any other text of a reply that is kept (a selection's reasoning and summary, a
+  full-vector summary before it joins the scratchpad) keeps its first TEXT_MAX_CHARS;
+- the raw reply in the prompt log keeps its first REPLY_LOG_MAX_CHARS, and an API error
+  or a rejection's reason its first NOTE_MAX_CHARS; a refused value is shown in at most
+  SHOWN_CHARS.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from compressor_2.api_key import scrub
+
+SCRATCHPAD_MAX_CHARS = 16_000
+TEXT_MAX_CHARS = 2_000
+REPLY_LOG_MAX_CHARS = 64_000
+NOTE_MAX_CHARS = 1_000
+SHOWN_CHARS = 80
+
+
+def keep_recent(text: str, limit: int = SCRATCHPAD_MAX_CHARS) -> str:
+    """`text`'s last `limit` characters, from a line start when one falls inside them."""
+    if len(text) <= limit:
+        return text
+    tail = text[-limit:]
+    cut = tail.find("\n")
+    return tail[cut + 1:] if 0 <= cut < len(tail) - 1 else tail
+
+
+def keep_first(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]} [... {len(text) - limit} more characters]"
+
+
+def scratchpad(text: str) -> str:
+    """A reply's scratchpad as it may be stored."""
+    return keep_recent(scrub(text))
+
+
+def kept_text(text: str) -> str:
+    """Any other text of a reply as it may be stored."""
+    return keep_first(scrub(text), TEXT_MAX_CHARS)
+
+
+def note(text: str) -> str:
+    """An API error or a rejection's reason as it may be stored."""
+    return keep_first(scrub(text), NOTE_MAX_CHARS)
+
+
+def shown(value: Any) -> str:
+    """A refused value inside a rejection's reason."""
+    return keep_first(repr(value), SHOWN_CHARS)
