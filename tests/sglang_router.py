@@ -118,11 +118,12 @@ def fake_workers(model_dir: Path, count: int, folder: Path, *flags: str,
         for i in range(count):
             port = free_port()
             log = folder / f"worker{i}.jsonl"
+            errors = stack.enter_context((folder / f"worker{i}.err").open("w"))
             process = subprocess.Popen(
                 [sys.executable, str(FAKE_SERVER), "--model-path", str(model_dir), "--port", str(port),
                  "--host", "127.0.0.1", "--enable-custom-logit-processor", "--enable-deterministic-inference",
                  "--fake-request-log", str(log), *flags, *(flags_of or {}).get(i, ())],
-                stdout=subprocess.DEVNULL, stderr=(folder / f"worker{i}.err").open("w"), start_new_session=True)
+                stdout=subprocess.DEVNULL, stderr=errors, start_new_session=True)
             stack.callback(stop, process)
             workers.append(Worker(f"http://127.0.0.1:{port}", process, log))
         for worker in workers:

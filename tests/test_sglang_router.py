@@ -105,6 +105,7 @@ def test_a_run_through_the_router_equals_one_server_and_every_worker_gets_the_de
             assert len(body["custom_params"]["deltas"]) == len(json.loads(direct["candidates"][0][1]))
             assert body["custom_logit_processor"] == bodies[0]["custom_logit_processor"]
             assert body["max_tokens"] in (MAX_NEW_TOKENS, PROBE_TOKENS) and isinstance(body["prompt"], str)
+            assert body["return_token_ids"] is True  # passed on: the answers' prompt ids are checked
         # Every worker was also probed directly, before the router was.
         assert [max(b["custom_params"]["deltas"], key=abs) for b in bodies[:2]] == [1000.0, -1000.0]
         assert logged_requests(worker.requests, "/generate") == []
