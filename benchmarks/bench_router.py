@@ -94,11 +94,11 @@ def main() -> int:
                     results[count] = best
             print(f"  {count} worker(s): router {best['router']:6.1f} req/s, client round robin "
                   f"{best['client']:6.1f} req/s", flush=True)
-    print(f"\n  {'workers':>7}  {'router':>16}  {'client round robin':>20}")
+    print(f"\n  {'workers':>7}  {'router req/s':>14}   {'client round robin':>18}")
     for count in WORKERS:
         ratios = {name: results[count][name] / results[1][name] for name in ("router", "client")}
         print(f"  {count:>7}  {results[count]['router']:7.1f} {ratios['router']:5.2f}x   "
-              f"{results[count]['client']:9.1f} {ratios['client']:5.2f}x")
+              f"{results[count]['client']:11.1f} {ratios['client']:5.2f}x")
     two, four = (results[n]["router"] / results[1]["router"] for n in (2, 4))
     print(f"  RATIO through the router: 2 workers {two:.2f}x (target >= 1.8x), 4 workers {four:.2f}x "
           "(target >= 3.4x)")
