@@ -7,6 +7,7 @@ import dataclasses
 import json
 import re
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -17,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 
+from compressor_2.clusters.clusterset import FINGERPRINT_FILE, ClusterSet
 from compressor_2.config import Config, load_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -100,3 +103,44 @@ def logged_requests(log: Path, path: str = "/generate") -> list[dict[str, Any]]:
         return []
     entries = [json.loads(line) for line in log.read_text().splitlines()]
     return [entry["body"] for entry in entries if entry["path"] == path]
+
+
+CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}"
+                 "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+def chat_model(model_dir: Path, target: Path, *, adds_bos: bool) -> Path:
+    """A copy of the tiny model whose chat template starts with BOS (its EOS, as in GPT-2),
+    and whose tokenizer adds a BOS to every text it tokenizes with special tokens when
+    `adds_bos` (as Llama's does): the fake server tokenizes a text prompt with it too."""
+    shutil.copytree(model_dir, target)
+    tokenizer = json.loads((target / "tokenizer.json").read_text())
+    if adds_bos:
+        bos = {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}
+        tokenizer["post_processor"] = {
+            "type": "TemplateProcessing", "single": [bos, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [bos, {"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "tokens": ["<|endoftext|>"], "ids": [
+                next(t["id"] for t in tokenizer["added_tokens"] if t["content"] == "<|endoftext|>")]}}}
+        (target / "tokenizer.json").write_text(json.dumps(tokenizer))
+    settings = json.loads((target / "tokenizer_config.json").read_text())
+    settings.update(chat_template=CHAT_TEMPLATE, bos_token="<|endoftext|>")
+    (target / "tokenizer_config.json").write_text(json.dumps(settings))
+    return target
+
+
+def probe_clusters(model_dir: Path, folder: Path) -> ClusterSet:
+    """Three clusters over the model's tokenizer: 0 holds EOS only, 1 and 2 the even and odd
+    ids of everything else; the map saved in `folder` with its fingerprint file."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    token_clusters = np.arange(len(tokenizer), dtype=np.int64) % 2 + 1
+    token_clusters[tokenizer.eos_token_id] = 0
+    path = folder / "token_clusters.npy"
+    np.save(path, token_clusters)
+    # The processor checks the map on the server against the fingerprint the client sends.
+    (folder / FINGERPRINT_FILE).write_text(json.dumps({"fingerprint": "test"}))
+    descriptions = {cid: {"description": f"cluster {cid}"} for cid in ("0", "1", "2")}
+    return ClusterSet(cluster_ids=("0", "1", "2"), token_clusters=token_clusters,
+                      token_clusters_path=path.resolve(), descriptions=descriptions, fingerprint="test")

@@ -164,6 +164,8 @@ class SGLang:
     sampling_batch_info: types.ModuleType
     apply_custom_logit_processor: Any
     GenerateReqInput: type
+    CompletionRequest: type  # /v1/completions' request (entrypoints/openai/protocol.py)
+    completion_sampling: Any  # OpenAIServingCompletion._build_sampling_params(self, request)
     sampling_kwargs: Any  # TokenizerManager: preferred params + the request's -> SamplingParams
     validate_one_request: Any  # TokenizerManager._validate_one_request
     req_custom_params: str  # the lines of Req.__init__ that add "__req__"
@@ -248,13 +250,26 @@ def load_sglang(root: Path) -> SGLang:
     stubs.append("TokenizerManager: `self` holds only what _validate_one_request and the sampling-params "
                  "lines of _create_tokenized_object read")
 
+    import json
+
+    # protocol.py imports sglang.utils for this one function, and sglang.utils the GPU stack.
+    _module("sglang.utils", convert_json_schema_to_str=json.dumps)
+    stubs.append("sglang.utils: convert_json_schema_to_str as json.dumps (only response_format uses it)")
+    protocol = importlib.import_module("sglang.srt.entrypoints.openai.protocol")
+    completion_sampling = compile_definition(
+        srt / "entrypoints" / "openai" / "serving_completions.py", "_build_sampling_params",
+        {"CompletionRequest": protocol.CompletionRequest, "convert_json_schema_to_str": json.dumps},
+        within="OpenAIServingCompletion")
+
     lines = (srt / "managers" / "schedule_batch.py").read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if 'custom logit processors read "__req__"' in line)
     end = next(i for i in range(start, len(lines)) if "self.custom_logit_processor = custom_logit_processor" in lines[i])
     req_lines = textwrap.dedent("\n".join(lines[start:end + 1]))
     return SGLang(root=root, custom_logit_processor=clp, sampling_params=sampling_params, api_types=api_types,
                   api_contract=api_contract, sampling_batch_info=batch_info, apply_custom_logit_processor=apply,
-                  GenerateReqInput=generate_req, sampling_kwargs=sampling_kwargs, validate_one_request=validate,
+                  GenerateReqInput=generate_req, CompletionRequest=protocol.CompletionRequest,
+                  completion_sampling=completion_sampling, sampling_kwargs=sampling_kwargs,
+                  validate_one_request=validate,
                   req_custom_params=req_lines, stubs=stubs)
 
 

@@ -84,6 +84,7 @@ BAD_CONFIGS: list[tuple[str, str, str]] = [
     ("set twice", "CONFIG_NGEN=3\nCONFIG_NGEN=4\n", "CONFIG_NGEN"),
     ("bad pool indices", 'CONFIG_FINANCEBENCH_POOL_INDICES="1-"\n', "CONFIG_FINANCEBENCH_POOL_INDICES"),
     ("bad url", 'CONFIG_ENGINE_SGLANG=y\nCONFIG_SGLANG_URLS="localhost:30000"\n', "CONFIG_SGLANG_URLS"),
+    ("unknown request path", 'CONFIG_ENGINE_SGLANG=y\nCONFIG_SGLANG_API="openai"\n', "CONFIG_SGLANG_API"),
 ]
 
 
@@ -124,7 +125,7 @@ def test_good_config_loads_typed_values(tmp_path: Path) -> None:
     assert config.lambda_correctness == pytest.approx(0.75)
     assert config.engine == "sglang"
     assert config.sglang_urls == ("http://127.0.0.1:30000", "http://127.0.0.1:30001")
-    assert config.sglang_allow_remote is False
+    assert config.sglang_allow_remote is False and config.sglang_api == "auto"
     assert config.selection == "truncation" and config.truncation_top_k == 3
     assert config.tournament_size is None
     assert config.judge == "hybrid" and config.judge_api_key_env == "OPENAI_API_KEY"

@@ -25,10 +25,10 @@ GA_DEFAULTS = {
 }
 
 
-def write_config(work: Path, shared: Path, model_dir: Path, **overrides: str) -> Path:
+def write_config(work: Path, shared: Path, model_dir: Path, **overrides: str | None) -> Path:
     """A .config in `work` (output dir `work/out`) whose cluster artifacts live in `shared`,
     so every test of a session reuses one cluster build. `overrides` are raw Kconfig
-    values by symbol name without CONFIG_, e.g. NGEN="4", CXPB='"0"'."""
+    values by symbol name without CONFIG_, e.g. NGEN="4", CXPB='"0"'; None leaves a symbol out."""
     data = shared / "train.jsonl"
     if not data.exists():
         data.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
@@ -50,11 +50,11 @@ def write_config(work: Path, shared: Path, model_dir: Path, **overrides: str) ->
         **overrides,
     }
     path = work / "test.config"
-    path.write_text("".join(f"CONFIG_{name}={value}\n" for name, value in symbols.items()))
+    path.write_text("".join(f"CONFIG_{name}={value}\n" for name, value in symbols.items() if value is not None))
     return path
 
 
-def config_for(work: Path, shared: Path, model_dir: Path, **overrides: str) -> Config:
+def config_for(work: Path, shared: Path, model_dir: Path, **overrides: str | None) -> Config:
     return load_config(write_config(work, shared, model_dir, **overrides))
 
 

@@ -30,9 +30,9 @@ from transformers import AutoTokenizer
 
 from compressor_2.clusters.clusterset import FINGERPRINT_FILE, ClusterSet
 from compressor_2.engines.base import GenerationRequest
-from compressor_2.engines.chat import encode_prompt
+from compressor_2.engines.chat import chat_prompt
 from compressor_2.engines.sglang_engine import SGLangEngine
-from compressor_2.engines.sglang_facts import STATED_SAMPLING, UNSTATED_SAMPLING
+from compressor_2.engines.sglang_facts import STATED_SAMPLING, UNSTATED_SAMPLING, unstated_sampling
 from compressor_2.steering.generate import render_processor
 from compressor_2.steering.processor import SteeringProcessor
 from tests.fakes import sglang_server as fake
@@ -88,15 +88,27 @@ def clusters(tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> Cluste
 @pytest.fixture(scope="module")
 def engine(tokenizer: Any, clusters: ClusterSet) -> SGLangEngine:
     """Only builds request bodies: it never connects."""
-    return SGLangEngine(("http://127.0.0.1:9",), clusters, lambda prompt: encode_prompt(tokenizer, prompt),
+    return SGLangEngine(("http://127.0.0.1:9",), clusters, lambda prompt: chat_prompt(tokenizer, prompt),
                         temperature=0.0, max_new_tokens=MAX_NEW, concurrency=1, request_timeout=1.0)
+
+
+def sent_bodies(engine: SGLangEngine) -> list[dict[str, Any]]:
+    """Every kind of body the engine sends: answers, and the steering probe, as HTTP carries them."""
+    sent = [engine.request_body(GenerationRequest(p, d)) for p, d in zip(PROMPTS, DELTAS)]
+    return [json.loads(json.dumps(body)) for body in sent + engine.probe_bodies(0)]
 
 
 @pytest.fixture(scope="module")
 def bodies(engine: SGLangEngine) -> list[dict[str, Any]]:
-    """Every kind of body the engine sends: answers, and the steering probe."""
-    sent = [engine.request_body(GenerationRequest(p, d)) for p, d in zip(PROMPTS, DELTAS)]
-    return [json.loads(json.dumps(body)) for body in sent + engine.probe_bodies(0)]  # as HTTP carries them
+    return sent_bodies(engine)
+
+
+@pytest.fixture(scope="module")
+def completion_bodies(engine: SGLangEngine) -> list[dict[str, Any]]:
+    """The same requests on /v1/completions (CONFIG_SGLANG_API=completions, a router's path)."""
+    completions = SGLangEngine(engine.urls, engine.clusters, engine.tokenize, temperature=0.0,
+                               max_new_tokens=MAX_NEW, concurrency=1, request_timeout=1.0, api="completions")
+    return sent_bodies(completions)
 
 
 @pytest.fixture(scope="module")
@@ -179,6 +191,56 @@ def test_the_fake_server_refuses_past_the_context_as_sglang_does(sglang: SGLang)
     for case in cases:
         assert fake.context_error(*case) == sglang_error(*case), case
     assert [fake.context_error(*case) is None for case in cases] == [True, True, False, True, False, False, True]
+
+
+def completion_sampling(sglang: SGLang, body: dict[str, Any], preferred: dict[str, Any], width: int) -> Any:
+    """What SGLang makes of a /v1/completions body: its CompletionRequest, the sampling params
+    its completions handler builds, then the tokenizer manager's merge and SamplingParams."""
+    request = sglang.CompletionRequest(**body)
+    generate = {"text": request.prompt, "sampling_params": sglang.completion_sampling(None, request),
+                "custom_logit_processor": request.custom_logit_processor}
+    return sampling_params(sglang, generate, preferred, width)
+
+
+def test_a_completions_body_asks_sglang_for_exactly_what_the_generate_body_asks(
+        sglang: SGLang, bodies: list[dict[str, Any]], completion_bodies: list[dict[str, Any]],
+        clusters: ClusterSet, tokenizer: Any):
+    width = len(clusters.token_clusters) + 64
+    fields = [f.name for f in msgspec.structs.fields(sglang.sampling_params.SamplingParams)]
+    # Every preferred field but the ones the completions path cannot state (those are refused).
+    preferred = {name: value for name, value in PREFERRED.items() if name not in unstated_sampling("completions")}
+    for generate, completions in zip(bodies, completion_bodies, strict=True):
+        request = sglang.CompletionRequest(**completions)
+        assert request.custom_logit_processor == generate["custom_logit_processor"]
+        assert request.return_token_ids is True and ":" not in request.model  # no LoRA adapter by name
+        # The text prompt is tokenized (special tokens added, as the tokenizer manager does) into the ids.
+        assert tokenizer(request.prompt)["input_ids"] == generate["input_ids"]
+        for server in ({}, preferred):
+            ours = completion_sampling(sglang, completions, server, width)
+            native = sampling_params(sglang, generate, server, width)
+            assert {f: getattr(ours, f) for f in fields} == {f: getattr(native, f) for f in fields}
+    # A server preferring a field /v1/completions cannot state would change the answers there.
+    changed = completion_sampling(sglang, completion_bodies[0], {"spaces_between_special_tokens": False}, width)
+    assert changed.spaces_between_special_tokens is False
+    assert "spaces_between_special_tokens" in unstated_sampling("completions")
+
+
+def test_every_sampling_field_is_stated_or_guarded_on_the_completions_path(
+        sglang: SGLang, completion_bodies: list[dict[str, Any]]):
+    accepted = {f.name for f in msgspec.structs.fields(sglang.api_types.SamplingParams)}
+    stated = set(sglang.completion_sampling(None, sglang.CompletionRequest(**completion_bodies[0])))
+    guarded = set(unstated_sampling("completions"))
+    assert accepted <= stated | guarded | set(LEFT_TO_THE_SERVER)
+    assert "spaces_between_special_tokens" not in stated
+
+
+def test_the_fake_server_builds_completions_sampling_params_as_sglang_does(
+        sglang: SGLang, completion_bodies: list[dict[str, Any]]):
+    others = [{"model": "m", "prompt": "x"}, {"prompt": [1, 2], "max_tokens": 3, "seed": 7, "min_tokens": 2,
+                                               "top_k": 5, "stop": ["\n"], "logit_bias": {"5": 1.0}}]
+    for body in [*completion_bodies, *others]:
+        built = {name: body.get(field, default) for field, (name, default) in fake.COMPLETION_SAMPLING.items()}
+        assert built == sglang.completion_sampling(None, sglang.CompletionRequest(**body)), body
 
 
 def expected_logits(logits: torch.Tensor, steering: list[tuple[float, ...] | None],

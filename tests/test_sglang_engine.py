@@ -11,11 +11,10 @@ import shutil
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from compressor_2.clusters.clusterset import FINGERPRINT_FILE, ClusterSet
+from compressor_2.clusters.clusterset import ClusterSet
 from compressor_2.config import Config
 from compressor_2.engines.base import Generation, GenerationRequest
 from compressor_2.engines.chat import encode_prompt
@@ -24,10 +23,12 @@ from compressor_2.engines.sglang_server import SGLangServer
 from compressor_2.errors import ConfigError, RunError
 from tests.sglang_helpers import (
     ATTACHABLE,
+    chat_model,
     fake_server,
     fake_stats,
     free_port,
     logged_requests,
+    probe_clusters,
     process_gone,
     sglang_config,
 )
@@ -42,19 +43,7 @@ MAX_NEW = 24  # sglang_config's max_new_tokens
 
 @pytest.fixture(scope="module")
 def clusters(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> ClusterSet:
-    """Cluster 0: EOS only; clusters 1 and 2: the even and odd ids of everything else."""
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    token_clusters = np.arange(len(tokenizer), dtype=np.int64) % 2 + 1
-    token_clusters[tokenizer.eos_token_id] = 0
-    directory = tmp_path_factory.mktemp("clusters")
-    path = directory / "token_clusters.npy"
-    np.save(path, token_clusters)
-    # The processor checks the map on the server against the fingerprint the client sends.
-    (directory / FINGERPRINT_FILE).write_text(json.dumps({"fingerprint": "test"}))
-    descriptions = {cid: {"description": f"cluster {cid}"} for cid in ("0", "1", "2")}
-    return ClusterSet(cluster_ids=("0", "1", "2"), token_clusters=token_clusters,
-                      token_clusters_path=path.resolve(), descriptions=descriptions,
-                      fingerprint="test")
+    return probe_clusters(tiny_model_dir, tmp_path_factory.mktemp("clusters"))
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +160,7 @@ def test_attach_mode_spreads_requests_over_every_url(engine, clusters, reference
 
 def test_attach_mode_retries_on_the_next_url_when_one_is_down(engine, clusters, reference):
     dead = f"http://127.0.0.1:{free_port()}"
-    attached = SGLangEngine([dead, engine.urls[0]], clusters, engine.encode, temperature=0.0,
+    attached = SGLangEngine([dead, engine.urls[0]], clusters, engine.tokenize, temperature=0.0,
                             max_new_tokens=MAX_NEW, concurrency=2, request_timeout=60.0)
     batch = requests(ZEROS)
     assert attached.generate(batch) == [reference[r] for r in batch]
@@ -228,8 +217,11 @@ def test_a_server_that_ignores_the_deltas_is_refused_before_any_work(engine, clu
     elsewhere = tmp_path / "elsewhere" / "token_clusters.npy"
     unreadable = dataclasses.replace(clusters, token_clusters_path=elsewhere)
     config = sglang_config(tmp_path / "run", tiny_model_dir, sglang_urls=engine.urls)
-    with pytest.raises(RunError, match="ignores the steering deltas.*elsewhere/token_clusters.npy"):
+    with pytest.raises(RunError, match="ignores the steering deltas.*elsewhere/token_clusters.npy") as refused:
         SGLangEngine.from_config(config, unreadable)
+    # Every cause is named with its fix, a router that drops the deltas included.
+    assert ("or a router or proxy in front of the server drops sampling_params.custom_params (SGLang's router "
+            "does on /generate: set CONFIG_SGLANG_API=completions, or auto)") in str(refused.value)
 
 
 def test_the_launched_server_runs_deterministic_inference(engine: SGLangEngine):
@@ -326,9 +318,73 @@ def test_an_example_too_long_for_the_served_context_is_refused_before_any_reques
 
 def test_a_400_mid_run_names_the_request(engine: SGLangEngine, clusters):
     # Built directly, this engine knows no context, so the server's 400 is what it meets.
-    direct = SGLangEngine(engine.urls, clusters, engine.encode, temperature=0.0, max_new_tokens=MAX_NEW,
+    direct = SGLangEngine(engine.urls, clusters, engine.tokenize, temperature=0.0, max_new_tokens=MAX_NEW,
                           concurrency=2, request_timeout=60.0)
     too_long = "Revenue was up. " * 200
     with pytest.raises(RunError, match=r"refused request 1 \(prompt ending '.*Revenue was up\. '\) \(HTTP 400\): "
                                        r"The input \(\d+ tokens\) is longer than the model's context length"):
         direct.generate([GenerationRequest(PROMPTS[0], ZEROS), GenerationRequest(too_long, ZEROS)])
+
+
+def test_the_completions_path_gives_the_answers_of_the_generate_path(clusters, reference, tiny_model_dir,
+                                                                     tmp_path: Path):
+    log = tmp_path / "requests.jsonl"
+    batch = requests(ZEROS, EOS_SOONER, (0.0, 2.0, -2.0))
+    with fake_server(tiny_model_dir, *ATTACHABLE, "--fake-request-log", str(log)) as url:
+        config = attach(tmp_path, tiny_model_dir, url, sglang_api="completions")
+        with SGLangEngine.from_config(config, clusters) as completions:
+            assert completions.generate(batch) == [reference[r] for r in batch]
+        with SGLangEngine.from_config(dataclasses.replace(config, sglang_api="auto"), clusters) as auto:
+            assert auto.api.name == "generate"  # a server, not a router
+    sent = logged_requests(log, "/v1/completions")
+    assert len(sent) == 2 + len(batch)  # the two probes, then every answer
+    for body in sent:
+        assert isinstance(body["prompt"], str) and "input_ids" not in body and "sampling_params" not in body
+        assert body["custom_params"]["deltas"] and body["custom_logit_processor"] == completions.processor
+        assert body["max_tokens"] in (MAX_NEW, PROBE_TOKENS) and body["return_token_ids"] is True
+    assert len(logged_requests(log, "/generate")) == 2  # auto: the probes only
+
+
+def test_a_bos_the_tokenizer_adds_is_left_out_of_the_text_and_answers_stay_equal(
+        clusters, tiny_model_dir, tmp_path: Path):
+    # Its chat template starts with BOS and its tokenizer adds one: the text must not hold it.
+    model = chat_model(tiny_model_dir, tmp_path / "llama_like", adds_bos=True)
+    batch = requests(ZEROS, EOS_SOONER)
+    with fake_server(model, *ATTACHABLE) as url:
+        answers = {}
+        for api in ("generate", "completions"):
+            config = attach(tmp_path, model, url, sglang_api=api)
+            with SGLangEngine.from_config(config, clusters) as engine:
+                answers[api] = engine.generate(batch)
+                prompt = engine.tokenize(PROMPTS[0])
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        assert tokenizer("x")["input_ids"][0] == tokenizer.bos_token_id  # it does add one
+        assert prompt.ids.count(tokenizer.bos_token_id) == 1 and prompt.text.startswith("<user>")
+        assert answers["completions"] == answers["generate"]
+
+
+def test_a_server_that_tokenizes_the_text_into_other_ids_is_refused_naming_the_fix(
+        clusters, tiny_model_dir, tmp_path: Path):
+    # The client's tokenizer adds no BOS, the server's does: "<|endoftext|><user>..." gets two.
+    ours = chat_model(tiny_model_dir, tmp_path / "ours", adds_bos=False)
+    theirs = chat_model(tiny_model_dir, tmp_path / "theirs", adds_bos=True)
+    log = tmp_path / "requests.jsonl"
+    with fake_server(theirs, *ATTACHABLE, "--fake-request-log", str(log)) as url:
+        config = attach(tmp_path, ours, url, sglang_api="completions", sglang_allow_other_model=True)
+        with pytest.raises(RunError) as refused:
+            SGLangEngine.from_config(config, clusters)
+    message = str(refused.value)
+    assert message.startswith(f"{url}/v1/completions tokenized the steering probe into ")
+    assert "(first difference at position 1: server [0, " in message
+    assert "a second BOS" in message and "CONFIG_SGLANG_API=generate with the workers' URLs" in message
+    assert len(logged_requests(log, "/v1/completions")) == 1  # refused at the first answer
+
+
+def test_a_server_preferring_a_field_completions_cannot_state_is_refused_on_that_path_only(
+        clusters, tiny_model_dir, tmp_path: Path):
+    preferred = json.dumps({"spaces_between_special_tokens": False})
+    with fake_server(tiny_model_dir, *ATTACHABLE, "--preferred-sampling-params", preferred) as url:
+        config = attach(tmp_path, tiny_model_dir, url, sglang_api="completions")
+        with pytest.raises(ConfigError, match="--preferred-sampling-params setting spaces_between_special_tokens"):
+            SGLangEngine.from_config(config, clusters)
+        SGLangEngine.from_config(dataclasses.replace(config, sglang_api="generate"), clusters).close()

@@ -22,6 +22,8 @@ from compressor_2.config.search import CmaesOptions, RandomOptions, cmaes_option
 from compressor_2.config.sglang import check_addresses
 
 EngineName = Literal["transformers", "sglang"]
+SGLangApi = Literal["auto", "generate", "completions"]
+SGLANG_APIS = ("auto", "generate", "completions")
 JudgeName = Literal["numeric", "llm", "hybrid"]
 ReflectorName = Literal["local", "openai"]
 SELECTIONS = ("tournament", "truncation", "llm")
@@ -60,6 +62,7 @@ class Config:
     eval_concurrency: int
     sglang_command: str
     sglang_urls: tuple[str, ...]
+    sglang_api: SGLangApi
     sglang_port: int
     sglang_allow_remote: bool
     sglang_allow_other_model: bool
@@ -226,6 +229,8 @@ def _build(r: Reader) -> Config:
             re.match(r"https?://", url) is not None,
             f"CONFIG_SGLANG_URLS has {url!r}, which is not an http(s):// URL",
         )
+    api = r.string("SGLANG_API").strip()
+    require(api in SGLANG_APIS, f"CONFIG_SGLANG_API={api!r} is unknown; use one of {', '.join(SGLANG_APIS)}")
     for name in ("OUTPUT_DIR", "CLUSTER_DIR", "CLUSTER_DESCRIPTIONS_PATH", "MODEL_PATH",
                  "FINANCEBENCH_JSONL_PATH", "EMBEDDING_MODEL"):
         require(r.string(name).strip() != "", f"CONFIG_{name} is empty")
@@ -251,6 +256,7 @@ def _build(r: Reader) -> Config:
         eval_concurrency=r.integer("EVAL_CONCURRENCY"),
         sglang_command=r.string("SGLANG_COMMAND"),
         sglang_urls=urls,
+        sglang_api=api,  # type: ignore[arg-type]
         sglang_port=r.integer("SGLANG_PORT"),
         sglang_allow_remote=r.flag("SGLANG_ALLOW_REMOTE"),
         sglang_allow_other_model=r.flag("SGLANG_ALLOW_OTHER_MODEL"),

@@ -62,11 +62,17 @@ def check_addresses(config: SGLangSettings) -> None:
         launch_command(config)
         return
     for url in config.sglang_urls:
-        if not (config.sglang_allow_remote or is_loopback(urlsplit(url).hostname or "")):
-            raise ConfigError(
-                f"CONFIG_SGLANG_URLS has {url}, which is not a loopback address (anyone who reaches the "
-                f"server can run code on it): {TUNNEL_HINT}, or set CONFIG_SGLANG_ALLOW_REMOTE=y if every "
-                "peer on that network is trusted")
+        check_loopback(url, config, "CONFIG_SGLANG_URLS has")
+
+
+def check_loopback(url: str, config: SGLangSettings, subject: str) -> None:
+    """Refuse a server address that is not loopback unless CONFIG_SGLANG_ALLOW_REMOTE=y.
+    `subject` starts the line: "CONFIG_SGLANG_URLS has", "the router at URL routes to"."""
+    if not (config.sglang_allow_remote or is_loopback(urlsplit(url).hostname or "")):
+        raise ConfigError(
+            f"{subject} {url}, which is not a loopback address (anyone who reaches the "
+            f"server can run code on it): {TUNNEL_HINT}, or set CONFIG_SGLANG_ALLOW_REMOTE=y if every "
+            "peer on that network is trusted")
 
 
 def same_model(served: str, configured: str) -> bool:

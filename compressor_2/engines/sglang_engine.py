@@ -1,15 +1,18 @@
-"""The production engine: SGLang's native `/generate`, one processor string for the
-whole run, each request's deltas in `sampling_params.custom_params`.
+"""The production engine: one processor string for the whole run, each request's deltas
+in its `custom_params`, sent on SGLang's native `/generate` or, through SGLang's router,
+on `/v1/completions` (`sglang_api`).
 
 Because the deltas travel with the request, a whole generation of individuals is in
 flight at once and the server batches them. In launch mode the engine owns one server
 for the run and restarts it only when it crashed, resending what was unfinished; in
-attach mode it spreads requests over already running servers.
+attach mode it sends to already running servers or routers, spreading requests over
+the URLs it was given.
 
 Before any work, every server is checked (`sglang_facts`: no speculative decoding, the
-right model, deterministic or warned about), every prompt of the run is tokenized and
-checked against the served context, and a steering probe must find every token of an
-answer steered.
+right model, deterministic or warned about; behind a router, every worker it lists),
+every prompt of the run is tokenized and checked against the served context, and a
+steering probe, sent to every server, every worker and every router, must find every
+token of an answer steered.
 """
 
 from __future__ import annotations
@@ -24,10 +27,19 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import numpy as np
 
-from compressor_2.config.sglang import check_addresses
+from compressor_2.config.sglang import check_addresses, check_loopback
 from compressor_2.engines.base import Generation, GenerationRequest, Progress
-from compressor_2.engines.chat import encode_prompt
-from compressor_2.engines.sglang_facts import STATED_SAMPLING, answer_room, check_facts, read_facts
+from compressor_2.engines.chat import ChatPrompt, chat_prompt
+from compressor_2.engines.sglang_api import APIS, Api, Reply
+from compressor_2.engines.sglang_facts import (
+    STATED_SAMPLING,
+    Router,
+    ServerFacts,
+    Unreachable,
+    answer_room,
+    check_facts,
+    read_server,
+)
 from compressor_2.engines.sglang_server import SGLangServer
 from compressor_2.errors import ConfigError, RunError
 from compressor_2.steering.processor import custom_params, processor_spec
@@ -77,6 +89,24 @@ def check_attached(urls: Sequence[str], timeout: float) -> None:
                     f"CONFIG_SGLANG_URLS: {url} is not ready (HTTP {status} from its health check)")
 
 
+def _worker_facts(client: httpx.Client, router: str, worker: str) -> ServerFacts | None:
+    """What the router's worker is, asked directly (a router forwards no /server_info);
+    None, with a warning, for a worker that cannot be reached: the router fails over from
+    a dead worker, and a run goes on through the others."""
+    try:
+        found = read_server(client, worker)
+    except Unreachable as exc:
+        logger.warning("warning: the router at %s routes to %s, which cannot be reached (%s): it is left "
+                       "unchecked and unprobed; if it comes back, the router sends it requests nothing here "
+                       "checked (remove it from the router, or restart the run once it is back)", router, worker,
+                       exc)
+        return None
+    if isinstance(found, Router):
+        raise ConfigError(f"the router at {router} routes to {worker}, another router: give it the "
+                          "SGLang servers themselves")
+    return found
+
+
 def _error_message(response: httpx.Response) -> str:
     """SGLang answers errors as {"error": {"message"}}, {"error": "..."} (its contract gate)
     or {"message"}; else the raw body."""
@@ -107,12 +137,13 @@ class SGLangEngine:
         self,
         urls: Sequence[str],
         clusters: ClusterSet,
-        encode: Callable[[str], list[int]],
+        tokenize: Callable[[str], ChatPrompt],
         *,
         temperature: float,
         max_new_tokens: int,
         concurrency: int,
         request_timeout: float,
+        api: str = "generate",
         server: SGLangServer | None = None,
         max_restarts: int = 0,
     ) -> None:
@@ -120,7 +151,10 @@ class SGLangEngine:
             raise ValueError("no server URL")
         self.urls = tuple(urls)
         self.clusters = clusters
-        self.encode = encode
+        self.tokenize = tokenize
+        # None ("auto") until check_servers has seen whether a URL is a router.
+        self._api: Api | None = None if api == "auto" else APIS[api]
+        self.routers: dict[str, tuple[str, ...]] = {}  # router URL -> the workers it routes to
         self.temperature = temperature
         self.max_new_tokens = max_new_tokens
         self.concurrency = concurrency
@@ -132,7 +166,7 @@ class SGLangEngine:
         # One string for the whole run: SGLang batches rows by the exact string.
         self.processor = processor_spec()
         self._next_url = itertools.cycle(self.urls).__next__
-        self._encoded: dict[str, list[int]] = {}
+        self._prompts: dict[str, ChatPrompt] = {}
         self._closed = False
 
     @classmethod
@@ -150,17 +184,18 @@ class SGLangEngine:
         settings: dict[str, Any] = dict(
             temperature=config.temperature, max_new_tokens=config.max_new_tokens,
             concurrency=config.eval_concurrency, request_timeout=config.sglang_request_timeout,
+            api=config.sglang_api,
         )
-        encode = functools.partial(encode_prompt, tokenizer)
+        tokenize = functools.partial(chat_prompt, tokenizer)
         if config.sglang_urls:
             check_attached(config.sglang_urls, config.sglang_request_timeout)
-            engine = cls(config.sglang_urls, clusters, encode, **settings)
+            engine = cls(config.sglang_urls, clusters, tokenize, **settings)
             engine.prepare(config, prompts or {})
             return engine
         server = SGLangServer(config)
         server.start()
         try:
-            engine = cls((server.url,), clusters, encode, server=server,
+            engine = cls((server.url,), clusters, tokenize, server=server,
                          max_restarts=config.sglang_max_restarts, **settings)
             engine.prepare(config, prompts or {})
             return engine
@@ -175,14 +210,36 @@ class SGLangEngine:
         self.check_prompts(prompts)
         self.check_steering()
 
+    @property
+    def api(self) -> Api:
+        if self._api is None:
+            raise RuntimeError("CONFIG_SGLANG_API=auto: check_servers chooses the request path")
+        return self._api
+
     def check_servers(self, config: Config) -> None:
-        """Refuse a server that runs speculative decoding, serves another model or prefers
-        answer-changing sampling fields; warn about one that is not deterministic; keep the
-        smallest served context for the prompt checks."""
+        """Find which URLs are routers (and choose the request path for "auto": completions
+        when one is), then refuse a server or worker that runs speculative decoding, serves
+        another model or prefers answer-changing sampling fields; warn about one that is
+        not deterministic; keep the smallest served context for the prompt checks."""
         with httpx.Client(timeout=self.request_timeout) as client:
-            facts = [read_facts(client, url) for url in self.urls]
+            found = [read_server(client, url) for url in self.urls]
+            self.routers = {r.url: r.workers for r in found if isinstance(r, Router)}
+            facts = [f for f in found if isinstance(f, ServerFacts)]
+            for router, workers in self.routers.items():
+                for worker in workers:
+                    check_loopback(worker, config, f"the router at {router} routes to")
+                reached = {worker: _worker_facts(client, router, worker) for worker in workers}
+                self.routers[router] = tuple(worker for worker, fact in reached.items() if fact is not None)
+                facts += [fact for fact in reached.values() if fact is not None]
+        for router, workers in self.routers.items():
+            if not workers:
+                raise RunError(f"no worker the router at {router} routes to can be reached from this machine, so "
+                               "none can be checked: start them; their addresses are asked from here, so run the "
+                               "router on this machine (tunnel remote workers' ports here first)")
+        if self._api is None:
+            self._api = APIS["completions" if self.routers else "generate"]
         for fact in facts:
-            check_facts(fact, config)
+            check_facts(fact, config, self.api.name)
         contexts = [fact.context for fact in facts]
         if None in contexts:
             unknown = ", ".join(f.url for f in facts if f.context is None)
@@ -195,7 +252,17 @@ class SGLangEngine:
         """Tokenize every prompt and refuse, naming the example, one whose answer would not fit
         the served context (SGLang answers 400, or silently cuts the answer short)."""
         for example_id, prompt in prompts.items():
-            self._check_fits(f"example {example_id} ({_prompt_label(prompt)})", self._ids(prompt))
+            label = f"example {example_id} ({_prompt_label(prompt)})"
+            self._check_sendable(label, self._prompt(prompt))
+            self._check_fits(label, self._prompt(prompt).ids)
+
+    def _check_sendable(self, label: str, prompt: ChatPrompt) -> None:
+        if prompt.text is None and self.api.name == "completions":
+            raise ConfigError(
+                f"{label}: no text tokenizes into this prompt's ids with CONFIG_MODEL_PATH's tokenizer (which "
+                "adds its special tokens to a text prompt, as SGLang does), and /v1/completions through a router "
+                "takes text only: send token ids with CONFIG_SGLANG_API=generate and the workers' URLs in "
+                "CONFIG_SGLANG_URLS, not the router's")
 
     def _check_fits(self, label: str, ids: list[int]) -> None:
         if self.context is None or answer_room(len(ids), self.context) >= self.max_new_tokens:
@@ -212,29 +279,36 @@ class SGLangEngine:
         return int(np.argmin(sizes[: len(self.clusters.cluster_ids)]))
 
     def check_steering(self) -> None:
-        """Fail before any work when a server ignores the deltas, or steers only some tokens.
+        """Fail before any work when a server, worker or router ignores the deltas, or
+        steers only some tokens.
 
         A server that cannot import the processor or read the cluster map leaves the
         logits unchanged (the processor must never raise), which would make a whole
         evolution measure nothing; one running speculative decoding steers only an
-        answer's first token. Per server, two greedy probes of PROBE_TOKENS tokens
-        (ignore_eos) push the smallest cluster to +1000 and then -1000: every token of the
-        first must come from that cluster, and no token of the second.
+        answer's first token; a router may drop the deltas on their way. Every server and
+        every worker behind a router is probed directly, then every router: two greedy
+        probes of PROBE_TOKENS tokens (ignore_eos) push the smallest cluster to +1000 and
+        then -1000; every token of the first must come from that cluster, and no token
+        of the second.
         """
         cluster = self._probe_cluster()
         members = set(np.flatnonzero(self.clusters.token_clusters == cluster).tolist())
         probes = self.probe_bodies(cluster)
         name = self.clusters.cluster_ids[cluster]
+        direct = [url for url in self.urls if url not in self.routers]
+        workers = [worker for listed in self.routers.values() for worker in listed]
+        prompt = self._prompt(PROBE_PROMPT)
+        self._check_sendable("the steering probe", prompt)
         with httpx.Client(timeout=self.request_timeout) as client:
-            for url in self.urls:
+            for url in [*direct, *workers, *self.routers]:
                 try:
-                    up, down = (self._output_ids(url, client.post(url + "/generate", json=body))
+                    up, down = (self._probe_ids(url, client.post(url + self.api.path, json=body), prompt)
                                 for body in probes)
                 except httpx.TransportError as exc:
                     # A processor string the server cannot load kills it (SGLang validates nothing).
                     server = self.server
                     died = f"; {server.failure_summary()}" if server and not server.alive() else ""
-                    raise RunError(f"{url}/generate failed: {type(exc).__name__}: {exc}{died}") from None
+                    raise RunError(f"{url}{self.api.path} failed: {type(exc).__name__}: {exc}{died}") from None
                 outside = sum(token not in members for token in up)
                 if not outside and not any(token in members for token in down):
                     continue
@@ -244,11 +318,26 @@ class SGLangEngine:
                         f"escaped cluster {name} at +{PROBE_DELTA:g}): speculative decoding? its "
                         "verification never calls the custom logit processor; restart the server without "
                         "--speculative-* flags")
-                raise RunError(
-                    f"{url} ignores the steering deltas (cluster {name} at +{PROBE_DELTA:g} and "
-                    f"-{PROBE_DELTA:g} does not decide the probe's tokens): the server must be able to "
-                    f"import compressor_2 and read {self.clusters.token_clusters_path}; see its log"
-                )
+                raise RunError(self._ignored(url, name))
+
+    def _ignored(self, url: str, cluster: str) -> str:
+        """The probe's refusal of `url`, naming what can drop the deltas and what fixes it."""
+        what = (f"{url} ignores the steering deltas (cluster {cluster} at +{PROBE_DELTA:g} and "
+                f"-{PROBE_DELTA:g} does not decide the probe's tokens)")
+        generate = self.api.name == "generate"
+        if url in self.routers:  # its workers passed the same probe
+            if generate:
+                return (f"{what}, while the workers it routes to steer: it is an SGLang router, which drops "
+                        "sampling_params.custom_params from /generate (sglang-router 0.3.2 does); set "
+                        "CONFIG_SGLANG_API=completions (or auto), which sends them at the top level of "
+                        "/v1/completions")
+            return (f"{what}, while the workers it routes to steer: this router drops custom_params from "
+                    "/v1/completions; list its workers in CONFIG_SGLANG_URLS instead")
+        proxy = ("a router or proxy in front of the server drops sampling_params.custom_params (SGLang's "
+                 "router does on /generate: set CONFIG_SGLANG_API=completions, or auto)" if generate else
+                 "a proxy in front of the server drops custom_params (attach to the servers themselves)")
+        return (f"{what}. Possible causes: the server cannot import compressor_2 or read "
+                f"{self.clusters.token_clusters_path} (see its log); or {proxy}")
 
     def probe_bodies(self, cluster: int) -> list[dict[str, Any]]:
         """The two probe requests: `cluster` at +PROBE_DELTA, then at -PROBE_DELTA."""
@@ -256,25 +345,19 @@ class SGLangEngine:
         for sign in (1.0, -1.0):
             deltas = [0.0] * len(self.clusters.cluster_ids)
             deltas[cluster] = sign * PROBE_DELTA
-            body = self.request_body(GenerationRequest(PROBE_PROMPT, tuple(deltas)))
-            body["sampling_params"].update(temperature=0.0, max_new_tokens=PROBE_TOKENS, ignore_eos=True)
-            probes.append(body)
+            probes.append(self.request_body(GenerationRequest(PROBE_PROMPT, tuple(deltas)),
+                                            temperature=0.0, max_new_tokens=PROBE_TOKENS, ignore_eos=True))
         return probes
 
-    @staticmethod
-    def _output_ids(url: str, response: httpx.Response) -> list[int]:
-        if response.status_code != 200:
-            raise RunError(f"{url}/generate refused the steering probe (HTTP {response.status_code}): "
-                           f"{_error_message(response)}")
-        try:
-            ids = [int(token) for token in response.json()["output_ids"]]
-        except (ValueError, KeyError, TypeError):
-            raise RunError(f"{url}/generate answered the steering probe without output_ids: "
-                           f"{response.text[:200]}") from None
-        if len(ids) != PROBE_TOKENS:
-            raise RunError(f"{url}/generate answered the steering probe with {len(ids)} tokens, not the "
+    def _probe_ids(self, url: str, response: httpx.Response, prompt: ChatPrompt) -> list[int]:
+        reply = self._read(url, response, "the steering probe", prompt)
+        where = url + self.api.path
+        if reply.output_ids is None:
+            raise RunError(f"{where} answered the steering probe without its token ids: {response.text[:200]}")
+        if len(reply.output_ids) != PROBE_TOKENS:
+            raise RunError(f"{where} answered the steering probe with {len(reply.output_ids)} tokens, not the "
                            f"{PROBE_TOKENS} it asked for (ignore_eos)")
-        return ids
+        return reply.output_ids
 
     @property
     def server_starts(self) -> int:
@@ -289,40 +372,42 @@ class SGLangEngine:
         for i, request in enumerate(requests):
             if len(request.deltas) != width:
                 raise ValueError(f"request {i}: {len(request.deltas)} deltas for {width} clusters")
-        bodies = [self.request_body(request) for request in requests]
         labels = [f"request {i} ({_prompt_label(request.prompt)})" for i, request in enumerate(requests)]
-        for label, body in zip(labels, bodies):
-            self._check_fits(label, body["input_ids"])
+        prompts = [self._prompt(request.prompt) for request in requests]
+        for label, prompt in zip(labels, prompts):
+            self._check_sendable(label, prompt)
+            self._check_fits(label, prompt.ids)
+        bodies = [self.request_body(request) for request in requests]
         results: list[Generation | None] = [None] * len(requests)
         pending = list(range(len(requests)))
         while pending:
-            pending = asyncio.run(self._send_all(bodies, labels, pending, results, progress))
+            pending = asyncio.run(self._send_all(bodies, labels, prompts, pending, results, progress))
             if pending:
                 self._restart(len(pending))
         return [r for r in results if r is not None]
 
-    def _ids(self, prompt: str) -> list[int]:
-        ids = self._encoded.get(prompt)
-        if ids is None:
-            ids = self._encoded[prompt] = self.encode(prompt)
-        return ids
+    def _prompt(self, prompt: str) -> ChatPrompt:
+        tokenized = self._prompts.get(prompt)
+        if tokenized is None:
+            tokenized = self._prompts[prompt] = self.tokenize(prompt)
+        return tokenized
 
-    def request_body(self, request: GenerationRequest) -> dict[str, Any]:
-        """The `/generate` body of one request: token ids, the run's processor string, and every
-        sampling field that changes an answer (a server's preferred params cannot fill one)."""
-        return {
-            "input_ids": self._ids(request.prompt),
-            "custom_logit_processor": self.processor,
-            "sampling_params": {
-                **STATED_SAMPLING,
-                "temperature": self.temperature,
-                "max_new_tokens": self.max_new_tokens,
-                "custom_params": custom_params(request.deltas, self.clusters),
-            },
+    def request_body(self, request: GenerationRequest, **sampling: Any) -> dict[str, Any]:
+        """The body of one request on the run's path: the prompt, the run's processor string,
+        and every sampling field that changes an answer (a server's preferred params cannot
+        fill one); `sampling` overrides the run's (the probe's greedy 8 tokens)."""
+        stated = {
+            **STATED_SAMPLING,
+            "temperature": self.temperature,
+            "max_new_tokens": self.max_new_tokens,
+            "custom_params": custom_params(request.deltas, self.clusters),
+            **sampling,
         }
+        return self.api.body(self._prompt(request.prompt), self.processor, stated)
 
-    async def _send_all(self, bodies: list[dict[str, Any]], labels: list[str], indices: list[int],
-                        results: list[Generation | None], progress: Progress | None) -> list[int]:
+    async def _send_all(self, bodies: list[dict[str, Any]], labels: list[str], prompts: list[ChatPrompt],
+                        indices: list[int], results: list[Generation | None],
+                        progress: Progress | None) -> list[int]:
         """Sends `indices` with at most `concurrency` in flight; returns those a server crash lost."""
         lost: list[int] = []
         slots = asyncio.Semaphore(self.concurrency)
@@ -332,7 +417,7 @@ class SGLangEngine:
             async def one(i: int) -> None:
                 async with slots:
                     try:
-                        results[i] = await self._post(client, bodies[i], labels[i])
+                        results[i] = await self._post(client, bodies[i], labels[i], prompts[i])
                     except _ServerLost:
                         lost.append(i)
                         return
@@ -350,44 +435,56 @@ class SGLangEngine:
                 raise
         return sorted(lost)
 
-    async def _post(self, client: httpx.AsyncClient, body: dict[str, Any], label: str) -> Generation:
+    async def _post(self, client: httpx.AsyncClient, body: dict[str, Any], label: str,
+                    prompt: ChatPrompt) -> Generation:
+        path = self.api.path
         for attempt in range(CONNECTION_RETRIES + 1):
             url = self._next_url()  # a retry goes to the next server when attached to several
             try:
-                response = await client.post(url + "/generate", json=body)
+                response = await client.post(url + path, json=body)
             except httpx.TimeoutException:
                 self._check_server()
-                raise RunError(f"{url}/generate gave no answer within {self.request_timeout:g} s "
+                raise RunError(f"{url}{path} gave no answer within {self.request_timeout:g} s "
                                "(CONFIG_SGLANG_REQUEST_TIMEOUT)") from None
             except httpx.TransportError as exc:
                 self._check_server()
                 problem = f"{type(exc).__name__}: {exc}"
             else:
                 if response.status_code < 500:
-                    return self._parse(url, response, label)
+                    reply = self._read(url, response, label, prompt)
+                    return Generation(text=reply.text, completion_tokens=reply.completion_tokens)
                 self._check_server()
                 problem = f"HTTP {response.status_code}: {_error_message(response)}"
             if attempt < CONNECTION_RETRIES:
                 await asyncio.sleep(RETRY_BACKOFF * 2**attempt)
         self._check_server()
-        raise RunError(f"{url}/generate failed {CONNECTION_RETRIES + 1} times; last: {problem}")
+        raise RunError(f"{url}{path} failed {CONNECTION_RETRIES + 1} times; last: {problem}")
 
     def _check_server(self) -> None:
         if self.server is not None and not self.server.alive():
             raise _ServerLost
 
-    @staticmethod
-    def _parse(url: str, response: httpx.Response, label: str) -> Generation:
+    def _read(self, url: str, response: httpx.Response, label: str, prompt: ChatPrompt) -> Reply:
+        """The answer to `label`; on /v1/completions, only when the server tokenized the text
+        prompt into exactly this machine's ids."""
+        where = url + self.api.path
         if response.status_code != 200:
-            raise RunError(f"{url}/generate refused {label} (HTTP {response.status_code}): "
-                           f"{_error_message(response)}")
+            raise RunError(f"{where} refused {label} (HTTP {response.status_code}): {_error_message(response)}")
         try:
-            data = response.json()
-            return Generation(text=str(data["text"]),
-                              completion_tokens=int(data["meta_info"]["completion_tokens"]))
-        except (ValueError, KeyError, TypeError):
-            raise RunError(f"{url}/generate answered {label} without text and meta_info.completion_tokens: "
-                           f"{response.text[:200]}") from None
+            reply = self.api.reply(response.json())
+        except (ValueError, KeyError, TypeError, IndexError):
+            raise RunError(f"{where} answered {label} without {self.api.fields}: {response.text[:200]}") from None
+        if reply.prompt_ids is not None and reply.prompt_ids != prompt.ids:
+            first = next((i for i, (a, b) in enumerate(zip(reply.prompt_ids, prompt.ids)) if a != b),
+                         min(len(reply.prompt_ids), len(prompt.ids)))
+            raise RunError(
+                f"{where} tokenized {label} into {len(reply.prompt_ids)} ids, not the {len(prompt.ids)} of "
+                f"CONFIG_MODEL_PATH's tokenizer here (first difference at position {first}: server "
+                f"{reply.prompt_ids[first:first + 3]}, here {prompt.ids[first:first + 3]}): the server's "
+                "tokenizer is another, or adds a special token the text already holds (a second BOS); serve "
+                "CONFIG_MODEL_PATH's tokenizer, or send token ids: CONFIG_SGLANG_API=generate with the "
+                "workers' URLs in CONFIG_SGLANG_URLS, not the router's")
+        return reply
 
     def _restart(self, unfinished: int) -> None:
         assert self.server is not None  # only a launched server is reported lost

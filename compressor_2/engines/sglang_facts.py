@@ -5,7 +5,9 @@ its batch), the model of CONFIG_MODEL_PATH, no preferred sampling field a reques
 to the server, and the context every prompt must fit in.
 
 Read from `/server_info` and `/model_info` (their `/get_*` names on older servers) and
-`/v1/models`, as SGLang 0.5.23 answers them.
+`/v1/models`, as SGLang 0.5.23 answers them. SGLang's router (sglang-router) has none of
+these: its `/get_server_info` says `{"router_manager": true}`, and its `/workers` lists
+the workers it routes to, whose own facts are read instead.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import httpx
 
 from compressor_2.config.sglang import SGLangSettings, check_model
+from compressor_2.engines.sglang_api import NOT_ON_COMPLETIONS
 from compressor_2.errors import ConfigError, RunError
 
 logger = logging.getLogger(__name__)
@@ -40,6 +43,14 @@ UNSTATED_SAMPLING: dict[str, Any] = {
 }
 
 
+def unstated_sampling(api: str) -> dict[str, Any]:
+    """The fields a server may not prefer on request path `api`: /v1/completions cannot
+    state the ones its CompletionRequest lacks."""
+    if api == "completions":
+        return {**UNSTATED_SAMPLING, **{name: STATED_SAMPLING[name] for name in NOT_ON_COMPLETIONS}}
+    return UNSTATED_SAMPLING
+
+
 @dataclass(frozen=True)
 class ServerFacts:
     url: str
@@ -51,13 +62,17 @@ class ServerFacts:
     preferred_sampling_params: dict[str, Any]
 
 
+class Unreachable(RunError):
+    """No connection to the server (refused, reset, timed out)."""
+
+
 def _get(client: httpx.Client, url: str, paths: tuple[str, ...]) -> dict[str, Any] | None:
     """The JSON object the first of `paths` answers, None when none exists (404)."""
     for path in paths:
         try:
             response = client.get(url + path)
         except httpx.TransportError as exc:
-            raise RunError(f"{url}{path} failed: {type(exc).__name__}: {exc}") from None
+            raise Unreachable(f"{url}{path} failed: {type(exc).__name__}: {exc}") from None
         if response.status_code == 404:
             continue
         try:
@@ -95,12 +110,46 @@ def _preferred(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def read_facts(client: httpx.Client, url: str) -> ServerFacts:
+@dataclass(frozen=True)
+class Router:
+    """An SGLang router (sglang-router) and the worker URLs it routes to."""
+
+    url: str
+    workers: tuple[str, ...]
+
+
+def read_server(client: httpx.Client, url: str) -> ServerFacts | Router:
+    """What `url` is: an SGLang server and its facts, or a router and its workers."""
     server = _get(client, url, ("/server_info", "/get_server_info"))
     if server is None:
         raise ConfigError(
             f"{url} answers neither /server_info nor /get_server_info, so nothing can check that it "
-            "steers every token: attach to SGLang servers themselves (not a router or proxy)")
+            "steers every token: attach to SGLang servers or to SGLang's router, not another proxy")
+    if server.get("router_manager") is True:
+        return Router(url, _router_workers(client, url))
+    return _facts(client, url, server)
+
+
+def _router_workers(client: httpx.Client, url: str) -> tuple[str, ...]:
+    """The workers of a router that says it is ready (one healthy worker at least)."""
+    try:
+        ready = client.get(url + "/readiness")
+    except httpx.TransportError as exc:
+        raise RunError(f"{url}/readiness failed: {type(exc).__name__}: {exc}") from None
+    if ready.status_code != 200:
+        raise RunError(f"{url} is an SGLang router that is not ready (HTTP {ready.status_code} from "
+                       f"/readiness: {ready.text[:200]}): start its workers, or wait for its health checks")
+    listed = (_get(client, url, ("/workers",)) or {}).get("workers")
+    try:
+        workers = tuple(str(worker["url"]).rstrip("/") for worker in listed)  # type: ignore[union-attr]
+    except (TypeError, KeyError):
+        raise RunError(f"{url}/workers does not list workers as SGLang's router does: {listed!r:.200}") from None
+    if not workers:
+        raise RunError(f"{url} is an SGLang router without workers: start it with --worker-urls")
+    return workers
+
+
+def _facts(client: httpx.Client, url: str, server: dict[str, Any]) -> ServerFacts:
     model = _get(client, url, ("/model_info", "/get_model_info")) or {}
     return ServerFacts(
         url=url,
@@ -114,9 +163,9 @@ def read_facts(client: httpx.Client, url: str) -> ServerFacts:
     )
 
 
-def check_facts(facts: ServerFacts, config: SGLangSettings) -> None:
-    """Refuse (exit 2) a server that would silently stop or skew the steering; warn about one
-    whose answers depend on batching."""
+def check_facts(facts: ServerFacts, config: SGLangSettings, api: str) -> None:
+    """Refuse (exit 2) a server that would silently stop or skew the steering of requests on
+    path `api`; warn about one whose answers depend on batching."""
     url = facts.url
     algorithm = facts.speculative_algorithm
     if algorithm is not None and str(algorithm).strip().upper() not in ("", "NONE"):
@@ -128,7 +177,7 @@ def check_facts(facts: ServerFacts, config: SGLangSettings) -> None:
         raise ConfigError(f"{url} runs without --enable-custom-logit-processor, so it refuses every "
                           "steered request; restart it with that flag (on a loopback address)")
     check_model(facts.model_path, config, f"{url} serves")
-    preferred = sorted(name for name, neutral in UNSTATED_SAMPLING.items()
+    preferred = sorted(name for name, neutral in unstated_sampling(api).items()
                        if facts.preferred_sampling_params.get(name) not in (None, neutral))
     if preferred:
         raise ConfigError(

@@ -12,6 +12,14 @@ test_sglang_contract.py checks those parts against SGLang's own code):
   gate (an unknown field or a wrongly typed one is a 400 naming it), is merged over
   --preferred-sampling-params, and is honoured where the toy model can: max_new_tokens,
   min_new_tokens, ignore_eos, temperature and top_k (temperature 0 is greedy).
+- POST /v1/completions (SGLang's CompletionRequest: "prompt" as text or token ids,
+  max_tokens, min_tokens, the other sampling fields by their own names, unknown fields
+  ignored; custom_logit_processor and custom_params at the top level) becomes the same
+  generation with the sampling params SGLang builds from it (every field it maps, None
+  included, overrides the preferred ones). The answer is {"choices": [{"text",
+  "finish_reason", "token_ids", "prompt_token_ids"}], "usage"}, the ids only with
+  return_token_ids. A text prompt is tokenized with the model's tokenizer.json, special
+  tokens added, as SGLang's tokenizer manager does.
 - A prompt plus max_new_tokens past the context (--context-length, else the model's
   config) is a 400 with SGLang's messages; the scheduler's silent cut of max_new_tokens
   to context - 2 - prompt happens too.
@@ -30,7 +38,9 @@ test_sglang_contract.py checks those parts against SGLang's own code):
   context_length, ...), /model_info and /get_model_info (model_path as given,
   preferred_sampling_params), /v1/models (max_model_len).
 - For the tests: GET /fake_stats (request counts, requests in flight, processor calls
-  and rows per call) and --fake-request-log FILE (one JSON line per POST).
+  and rows per call) and --fake-request-log FILE (one JSON line per POST). For the
+  router benchmark: --fake-generate-delay D with --fake-max-running K, a worker that
+  takes D seconds per request and serves at most K at once.
 
 The "model" is a deterministic toy over the tokenizer in --model-path: fixed random
 logits per (prompt, position), with an EOS logit that rises with the position, so a
@@ -43,6 +53,7 @@ different ports are independent processes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -78,6 +89,20 @@ SAMPLING_FIELDS: dict[str, str] = {
     "watermark": "any", "choice": "any",
 }
 TOP_K_ALL = 1 << 30
+# SGLang's CompletionRequest fields that its _build_sampling_params maps into sampling
+# params (completions name -> sampling name), with the request's defaults: every one of
+# them reaches the merge, None included, so the preferred params never fill them.
+COMPLETION_SAMPLING: dict[str, tuple[str, Any]] = {
+    "temperature": ("temperature", 1.0), "max_tokens": ("max_new_tokens", 16),
+    "min_tokens": ("min_new_tokens", 0), "stop": ("stop", None), "stop_token_ids": ("stop_token_ids", None),
+    "stop_regex": ("stop_regex", None), "top_p": ("top_p", 1.0), "top_k": ("top_k", -1),
+    "min_p": ("min_p", 0.0), "presence_penalty": ("presence_penalty", 0.0),
+    "frequency_penalty": ("frequency_penalty", 0.0), "repetition_penalty": ("repetition_penalty", 1.0),
+    "regex": ("regex", None), "json_schema": ("json_schema", None), "ebnf": ("ebnf", None), "n": ("n", 1),
+    "no_stop_trim": ("no_stop_trim", False), "ignore_eos": ("ignore_eos", False),
+    "skip_special_tokens": ("skip_special_tokens", True), "logit_bias": ("logit_bias", None),
+    "custom_params": ("custom_params", None), "seed": ("sampling_seed", None), "watermark": ("watermark", None),
+}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -102,6 +127,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--fake-crash-marker", type=Path, default=None,
                         help="crash only while this file does not exist (created when crashing)")
     parser.add_argument("--fake-generate-delay", type=float, default=0.0, help="seconds per request")
+    parser.add_argument("--fake-max-running", type=int, default=None, metavar="K",
+                        help="at most K requests past admission at once (the others wait)")
     parser.add_argument("--fake-step-delay", type=float, default=0.0, help="seconds per decode step")
     parser.add_argument("--fake-steer-first-token-only", action="store_true",
                         help="apply processors to an answer's first token only, and not say so")
@@ -198,6 +225,11 @@ def context_error(input_tokens: int, max_new_tokens: int | None, context: int) -
                 f"from the input messages and {max_new_tokens} tokens for the completion. Please reduce "
                 "the number of tokens in the input messages or the completion to fit within the limit.")
     return None
+
+
+def completion_error(message: str) -> dict[str, Any]:
+    """SGLang's OpenAI-compatible error body (its ErrorResponse) of a 400."""
+    return {"object": "error", "message": message, "type": "BadRequestError", "param": None, "code": 400}
 
 
 class SGLangRequest:
@@ -316,6 +348,8 @@ class FakeServer:
         self.max_in_flight = 0
         self.processor_calls = 0
         self.max_rows_per_call = 0
+        slots = args.fake_max_running
+        self.running_slots = threading.BoundedSemaphore(slots) if slots else contextlib.nullcontext()
         self.scheduler = Scheduler(self)
 
     def model(self) -> ToyModel:
@@ -382,7 +416,52 @@ class FakeServer:
                     os._exit(1)
             return cls
 
-    def generate(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def generate(self, body: dict[str, Any]) -> tuple[int, Any]:
+        """POST /generate: SGLang's contract gate on sampling_params, then the generation."""
+        sampling = body.get("sampling_params") or {}
+        problem = sampling_error(sampling)
+        if problem is not None:
+            return 400, {"error": problem}  # the contract gate's shape: a bare string
+        text, input_ids = body.get("text"), body.get("input_ids")
+        if not (isinstance(input_ids, list) and all(isinstance(i, int) for i in input_ids)):
+            if not isinstance(text, str):
+                return 400, {"error": {"message": "text or input_ids is required"}}
+            input_ids = None
+        status, result = self.admit(text, input_ids, sampling, body.get("custom_logit_processor"), body.get("rid"))
+        if status != 200:
+            return status, {"error": {"message": result}}
+        return 200, {"text": result["text"], "output_ids": result["output_ids"], "meta_info": result["meta_info"]}
+
+    def completions(self, body: dict[str, Any]) -> tuple[int, Any]:
+        """POST /v1/completions: SGLang's CompletionRequest made into the same generation."""
+        prompt = body.get("prompt")
+        if isinstance(prompt, str) and prompt:
+            text, input_ids = prompt, None
+        elif isinstance(prompt, list) and prompt and all(isinstance(i, int) for i in prompt):
+            text, input_ids = None, prompt
+        else:  # (lists of prompts are a batch's: this fake serves single requests)
+            return 400, completion_error("Prompt cannot be empty" if not prompt else "prompt: a string or token ids")
+        if not (isinstance(body.get("max_tokens", 16), int) and body.get("max_tokens", 16) > 0):
+            return 400, completion_error("max_tokens must be positive")
+        sampling = {name: body.get(field, default) for field, (name, default) in COMPLETION_SAMPLING.items()}
+        status, result = self.admit(text, input_ids, sampling, body.get("custom_logit_processor"), body.get("rid"))
+        if status != 200:
+            return status, completion_error(result)
+        meta = result["meta_info"]
+        choice: dict[str, Any] = {"index": 0, "text": result["text"], "logprobs": None,
+                                  "finish_reason": meta["finish_reason"]["type"],
+                                  "matched_stop": meta["finish_reason"].get("matched")}
+        if body.get("return_token_ids"):
+            choice.update(token_ids=result["output_ids"], prompt_token_ids=result["prompt_token_ids"])
+        return 200, {"id": meta["id"], "object": "text_completion", "created": int(time.time()),
+                     "model": body.get("model", "default"), "choices": [choice],
+                     "usage": {"prompt_tokens": meta["prompt_tokens"], "completion_tokens": meta["completion_tokens"],
+                               "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"]}}
+
+    def admit(self, text: str | None, input_ids: list[int] | None, sampling: dict[str, Any],
+              spec: str | None, rid: str | None) -> tuple[int, Any]:
+        """One generation, counted (and crashed on) as it arrives: (200, the result) or
+        (status, SGLang's message)."""
         with self.lock:
             self.generate_requests += 1
             # Under the lock, so that exactly the first request past the limit crashes and
@@ -391,7 +470,11 @@ class FakeServer:
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
-            return self._generate(body)
+            if spec is not None and not self.args.enable_custom_logit_processor:
+                return 400, FLAG_MISSING
+            with self.running_slots:
+                time.sleep(self.args.fake_generate_delay)
+                return self._generate(text, input_ids, sampling, spec, rid)
         finally:
             with self.lock:
                 self.in_flight -= 1
@@ -405,31 +488,19 @@ class FakeServer:
         print(f"fake crash on request {arrived}", flush=True)
         os._exit(3)
 
-    def _generate(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        sampling = body.get("sampling_params") or {}
-        problem = sampling_error(sampling)
-        if problem is not None:
-            return 400, {"error": problem}  # the contract gate's shape: a bare string
-        spec = body.get("custom_logit_processor")
-        if spec is not None and not self.args.enable_custom_logit_processor:
-            return 400, {"error": {"message": FLAG_MISSING}}
-        text, input_ids = body.get("text"), body.get("input_ids")
-        if not (isinstance(input_ids, list) and all(isinstance(i, int) for i in input_ids)):
-            if not isinstance(text, str):
-                return 400, {"error": {"message": "text or input_ids is required"}}
-            input_ids = None
-        time.sleep(self.args.fake_generate_delay)
+    def _generate(self, text: str | None, input_ids: list[int] | None, sampling: dict[str, Any],
+                  spec: str | None, rid: str | None) -> tuple[int, Any]:
         model = self.model()
-        ids = input_ids if input_ids is not None else model.encode(text)
+        ids = input_ids if input_ids is not None else model.encode(text or "")
         merged = {**self.preferred, **sampling}
         max_new = merged.get("max_new_tokens")
         problem = context_error(len(ids), max_new, self.context)
         if problem is not None:
-            return 400, {"error": {"message": problem}}
+            return 400, problem
         max_new = 128 if max_new is None else max_new
         # The scheduler's silent cut: max_req_len = context - 1, minus one more.
         max_new = max(0, min(max_new, (self.context - 1) - len(ids) - 1))
-        rid = body.get("rid") or uuid.uuid4().hex
+        rid = rid or uuid.uuid4().hex
         params = merged.get("custom_params")
         if spec is not None and isinstance(params, dict):
             params = {**params, "__req__": SGLangRequest(rid, ids)}
@@ -438,7 +509,8 @@ class FakeServer:
         seed = merged.get("sampling_seed")
         generator = model.torch.Generator().manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4)))
         request = Running(
-            rid=rid, key=" ".join(map(str, input_ids)) if input_ids is not None else text,
+            # The toy model's logits follow the prompt's ids, however they were sent.
+            rid=rid, key=" ".join(map(str, ids)),
             max_new_tokens=max_new, min_new_tokens=merged.get("min_new_tokens") or 0,
             ignore_eos=bool(merged.get("ignore_eos")),
             temperature=1.0 if temperature is None else float(temperature),
@@ -450,7 +522,7 @@ class FakeServer:
             request.finish = {"type": "length", "length": 0}
         return 200, {
             "text": model.decode([t for t in request.output if t != model.eos]),
-            "output_ids": request.output,
+            "output_ids": request.output, "prompt_token_ids": list(ids),
             "meta_info": {"id": rid, "prompt_tokens": len(ids), "completion_tokens": len(request.output),
                           "finish_reason": request.finish},
         }
@@ -467,6 +539,9 @@ def make_handler(server: FakeServer) -> type[BaseHTTPRequestHandler]:
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, like uvicorn
+        # As uvicorn does: without it a client that reuses the connection (a router) waits
+        # 40 ms on each answer for the delayed ACK.
+        disable_nagle_algorithm = True
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's naming
             path = self.path
@@ -487,12 +562,13 @@ def make_handler(server: FakeServer) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length", 0))
             body = json.loads(self.rfile.read(length) or b"{}")
             server.log_request(self.path, body)
-            if self.path != "/generate":
+            routes = {"/generate": server.generate, "/v1/completions": server.completions}
+            if self.path not in routes:
                 self._reply(404, {"detail": "Not Found"})
             elif server.starting():
                 self._reply(503, {"error": {"message": "server is starting"}})
             else:
-                self._reply(*server.generate(body))
+                self._reply(*routes[self.path](body))
 
         def _reply(self, status: int, payload: Any) -> None:
             data = b"" if payload is None else json.dumps(payload).encode()

@@ -1,0 +1,150 @@
+"""Several GPUs through SGLang's own router: the real sglang-router binary (installed from
+the package registry into the cache; these tests skip, saying why, when it cannot be) on
+127.0.0.1, in front of fake SGLang workers (tests/fakes/sglang_server.py) that log every
+request they get.
+
+A whole evolve and an evaluate through the router give what one server gives directly;
+every worker gets every request's deltas, and round robin gives each some; a worker that
+dies mid-run costs no answer; the /generate path, whose deltas the router drops, is
+refused by the steering probe, naming the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from compressor_2.engines.sglang_engine import PROBE_TOKENS, SGLangEngine
+from compressor_2.errors import RunError
+from compressor_2.evaluate import run_evaluate
+from compressor_2.evolve import evolve
+from tests.sglang_helpers import ATTACHABLE, fake_server, logged_requests, probe_clusters, sglang_config
+from tests.sglang_router import RouterUnavailable, fake_workers, router, router_python
+from tests.test_evolution_support import config_for, query
+
+pytestmark = pytest.mark.slow
+WORKERS = 3
+# Small and sure to end: 2 generations of 4 over the 3 training questions.
+# Answers of the fake end near 16 tokens unsteered: room for the deltas to change them.
+MAX_NEW_TOKENS = 24
+RUN = {"ENGINE_SGLANG": "y", "TRANSFORMERS_DEVICE": None, "NGEN": "2", "EVAL_CONCURRENCY": "4",
+       "SGLANG_REQUEST_TIMEOUT": "60", "MAX_NEW_TOKENS": str(MAX_NEW_TOKENS)}
+
+
+@pytest.fixture(scope="module")
+def python() -> Path:
+    try:
+        return router_python()
+    except RouterUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+def run_through(url: str, work: Path, shared: Path, model: Path, **symbols: str) -> Path:
+    """A whole evolve attached to `url`, then an evaluate of its best deltas; the output dir."""
+    work.mkdir()
+    config = config_for(work, shared, model, **RUN, SGLANG_URLS=f'"{url}"', **symbols)
+    evolve(config)
+    run_evaluate(config, deltas_path=config.output_dir / "deltas_best.json", indices=None,
+                 out=work / "evaluation.json")
+    return config.output_dir
+
+
+def outcome(out: Path) -> dict[str, Any]:
+    """Everything a run decided: every answer, every candidate's fitness, the best deltas,
+    and the evaluation of those on the pool."""
+    evaluation = json.loads((out.parent / "evaluation.json").read_text())
+    return {
+        "answers": query(out, "SELECT genome, example, answer, tokens, is_correct FROM evaluations "
+                              "ORDER BY genome, example"),
+        "candidates": query(out, "SELECT id, deltas, fitness, mean_tokens, correctness, status FROM candidates "
+                                 "ORDER BY id"),
+        "best": (out / "deltas_best.json").read_bytes(),
+        "evaluation": {key: evaluation[key] for key in ("deltas", "summary", "records")},
+    }
+
+
+@pytest.fixture(scope="module")
+def direct(tmp_path_factory: pytest.TempPathFactory, shared: Path, tiny_model_dir: Path) -> dict[str, Any]:
+    """The reference: the same run against one fake server, directly (the /generate path)."""
+    work = tmp_path_factory.mktemp("direct")
+    with fake_server(tiny_model_dir, *ATTACHABLE) as url:
+        return outcome(run_through(url, work / "run", shared, tiny_model_dir))
+
+
+@pytest.fixture(scope="module")
+def routed(python: Path, tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path):
+    """WORKERS fake workers behind one router, shared by the tests that do not break them."""
+    folder = tmp_path_factory.mktemp("routed")
+    with fake_workers(tiny_model_dir, WORKERS, folder) as workers:
+        with router(python, [w.url for w in workers], folder / "router.log") as url:
+            yield url, workers
+
+
+def completions(worker) -> list[dict[str, Any]]:
+    return logged_requests(worker.requests, "/v1/completions")
+
+
+def test_a_run_through_the_router_equals_one_server_and_every_worker_gets_the_deltas(
+        routed, direct, shared: Path, tiny_model_dir: Path, tmp_path: Path):
+    url, workers = routed
+    out = run_through(url, tmp_path / "run", shared, tiny_model_dir)  # CONFIG_SGLANG_API=auto
+    assert outcome(out) == direct
+
+    received = [completions(worker) for worker in workers]
+    # Round robin: every worker served a share of the run (the router's own probes included).
+    answered = len(direct["answers"]) + len(direct["evaluation"]["records"])
+    probes = 2 * (2 * WORKERS + 2)  # evolve's engine and evaluate's: each worker's, then the router's
+    assert sum(map(len, received)) == answered + probes
+    assert all(len(bodies) >= answered // WORKERS for bodies in received)
+    for worker, bodies in zip(workers, received):
+        for body in bodies:  # every request arrived with its deltas and the run's processor
+            assert len(body["custom_params"]["deltas"]) == len(json.loads(direct["candidates"][0][1]))
+            assert body["custom_logit_processor"] == bodies[0]["custom_logit_processor"]
+            assert body["max_tokens"] in (MAX_NEW_TOKENS, PROBE_TOKENS) and isinstance(body["prompt"], str)
+            assert body["return_token_ids"] is True  # passed on: the answers' prompt ids are checked
+        # Every worker was also probed directly, before the router was.
+        assert [max(b["custom_params"]["deltas"], key=abs) for b in bodies[:2]] == [1000.0, -1000.0]
+        assert logged_requests(worker.requests, "/generate") == []
+
+
+def test_a_worker_killed_mid_run_costs_no_answer(python: Path, direct, shared: Path, tiny_model_dir: Path,
+                                                 tmp_path: Path, caplog):
+    # The second worker dies abruptly when its 7th request arrives: past the probes (its own
+    # 2 and one of the router's), at the run's first generation, with others of its requests
+    # in flight. The router executes them again on the survivor.
+    crash = ["--fake-crash-after", "6", "--fake-crash-marker", str(tmp_path / "crashed")]
+    with fake_workers(tiny_model_dir, 2, tmp_path / "workers", flags_of={1: crash}) as workers:
+        with router(python, [w.url for w in workers], tmp_path / "router.log") as url:
+            with caplog.at_level(logging.WARNING, logger="compressor_2.engines"):
+                out = run_through(url, tmp_path / "run", shared, tiny_model_dir)
+        assert (tmp_path / "crashed").exists() and workers[1].process.poll() is not None
+    assert outcome(out) == direct  # every answer, every fitness, the best deltas, the evaluation
+    executed = [len(completions(worker)) for worker in workers]
+    # (Requests arriving with the 7th are logged before it crashes the worker.)
+    assert 7 <= executed[1] < 7 + int(RUN["EVAL_CONCURRENCY"])
+    # The lost requests ran twice: the workers executed more than the archive holds answers.
+    probes = (2 * 2 + 2) + (2 + 2)  # evolve: both workers and the router; evaluate: the survivor and the router
+    assert sum(executed) > len(direct["answers"]) + len(direct["evaluation"]["records"]) + probes
+    # The evaluate after the run found the dead worker still listed: it went on without it.
+    [warning] = [r.getMessage() for r in caplog.records if "cannot be reached" in r.getMessage()]
+    assert f"the router at {url} routes to {workers[1].url}, which cannot be reached" in warning
+
+
+def test_the_generate_path_through_the_router_is_refused_by_the_probe(routed, tiny_model_dir: Path,
+                                                                      tmp_path: Path):
+    url, workers = routed
+    config = sglang_config(tmp_path / "run", tiny_model_dir, sglang_urls=(url,), sglang_api="generate")
+    with pytest.raises(RunError) as refused:
+        SGLangEngine.from_config(config, probe_clusters(tiny_model_dir, tmp_path))
+    assert str(refused.value).startswith(f"{url} ignores the steering deltas ")
+    assert ("while the workers it routes to steer: it is an SGLang router, which drops "
+            "sampling_params.custom_params from /generate (sglang-router 0.3.2 does); set "
+            "CONFIG_SGLANG_API=completions (or auto)") in str(refused.value)
+    # The workers passed the same probe, sent to each directly; the router's reached one without deltas.
+    probes = [logged_requests(w.requests, "/generate") for w in workers]
+    assert all(len(bodies) >= 2 for bodies in probes) and sum(map(len, probes)) == 2 * WORKERS + 2
+    assert sum("custom_params" not in body["sampling_params"] for bodies in probes for body in bodies) == 2
