@@ -173,6 +173,9 @@ SETTINGS: tuple[Setting, ...] = (
       for name in ("transformers_batch_size", "transformers_device", "transformers_threads", "eval_concurrency",
                    "sglang_command", "sglang_urls", "sglang_port", "sglang_allow_remote", "sglang_startup_timeout",
                    "sglang_poll_interval", "sglang_request_timeout", "sglang_max_restarts", "sglang_stop_grace")),
+    Setting("CONFIG_SGLANG_API", ("SGLANG_API",), lambda c, _: c.sglang_api,
+            "which request path reaches the servers: both give the same answers for the same prompt, deltas and "
+            "server (every completions answer's prompt ids are checked), so cached answers stay valid"),
     Setting("CONFIG_SGLANG_ALLOW_OTHER_MODEL", ("SGLANG_ALLOW_OTHER_MODEL",),
             lambda c, _: c.sglang_allow_other_model, OTHER_MODEL),
     Setting("CONFIG_HOLDOUT_DATA", ("HOLDOUT_DATA",), lambda c, _: c.holdout_data, HOLDOUT),
