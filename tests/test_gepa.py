@@ -225,3 +225,33 @@ def test_a_gepa_run_interrupted_mid_iteration_resumes_to_the_same_end(tmp_path, 
     assert read_json(whole / "out" / "gepa_state.json") == read_json(cut / "out" / "gepa_state.json")
     sql = "SELECT id, operator, deltas, status, note, fitness FROM candidates ORDER BY id"
     assert query(whole / "out", sql) == query(cut / "out", sql)
+
+
+@pytest.mark.slow
+def test_a_kept_child_continues_its_parents_round_robin(tmp_path, shared, tiny_model_dir, monkeypatch):
+    """Seed 004 (GEPA's update_state_with_new_program): a new candidate takes its parents'
+    round-robin position, the highest among them, instead of starting again at cluster 0.
+    The GEPA loop runs on the real services of `evolve`, with 8 clusters (ids 0..7)."""
+    from compressor_2.strategies import gepa
+
+    records: list[dict] = []
+
+    def drive(run) -> str:
+        g = gepa.Gepa(run, run.config.gepa, random.Random(run.config.seed), [])
+        g.start()
+        [seed] = g.pool
+        g.next_component[str(seed)] = 5  # the parent's next component is cluster 5
+        monkeypatch.setattr(gepa, "mutation_accepted", lambda before, after: True)  # the child is kept
+        records.append(g.reflect(0))
+        g.pool = [records[0]["candidate"]]  # the child is the only parent to draw
+        records.append(g.reflect(1))
+        return "driven"
+
+    monkeypatch.setattr(gepa, "run", drive)
+    clusters = tmp_path / "clusters"
+    evolve(config_for(tmp_path, shared, tiny_model_dir, **GEPA, NUM_CLUSTERS="6", CLUSTER_DIR=f'"{clusters}"',
+                      CLUSTER_DESCRIPTIONS_PATH=f'"{clusters / "cluster_descriptions.json"}"',
+                      INITIAL_DELTAS_PATH=f'"{clusters / "initial_deltas.json"}"'))
+    parent, child = records
+    assert parent["accepted"] and parent["change"] == "cluster 5"
+    assert child["parent"] == parent["candidate"] and child["change"] == "cluster 6"

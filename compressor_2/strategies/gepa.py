@@ -133,7 +133,8 @@ class Gepa:
     merges_performed: list[list[int]] = field(default_factory=list)  # [first, second, ancestor]
     merge_descriptions: list[list[Any]] = field(default_factory=list)  # [first, second, sources]
     last_found_new: bool = False
-    next_component: dict[str, int] = field(default_factory=dict)  # candidate id -> round-robin index
+    # candidate id -> its round-robin index; a kept child starts at its parents' (the highest)
+    next_component: dict[str, int] = field(default_factory=dict)
 
     @functools.cached_property
     def by_id(self) -> dict[str, Example]:
@@ -196,6 +197,8 @@ class Gepa:
         self.evaluations[c.id] = evaluation
         self.val_scores[c.id] = {r.id: s for r, s in zip(evaluation.records, evaluation.scores)}
         self.pool.append(c.id)
+        if parents:  # GEPA hands a new program its parents' round-robin position, the highest of them
+            self.next_component[str(c.id)] = max(self.next_component.get(str(p), 0) for p in parents)
         self.run.best.consider([(Member(dict(deltas), scratchpad, c.id), replace(evaluation, fitness=aggregate))])
         return c.id
 
