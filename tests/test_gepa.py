@@ -4,6 +4,7 @@ resume, outputs)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -63,14 +64,35 @@ def test_pareto_selection_draws_in_proportion_to_fronts_led():
     assert 0.15 < drawn.count(1) / 400 < 0.35  # 1 of 4 fronts
 
 
-def test_the_epoch_sampler_covers_every_id_once_per_epoch():
-    sampler, rng = EpochSampler([f"e{i}" for i in range(7)], 3), random.Random(1)
-    first, second = sampler.next(rng), sampler.next(rng)
-    assert sampler.epoch == 0 and len(set(first + second)) == 6
-    third = sampler.next(rng)  # one id left over: a new epoch starts
-    assert sampler.epoch == 1 and len(third) == 3 and sampler.position == 3
-    state = dict(ids=sampler.ids, size=3, epoch=sampler.epoch, order=list(sampler.order), position=3)
-    assert EpochSampler(**state).next(random.Random(5)) == sampler.next(random.Random(9))  # resumes mid-epoch
+def test_the_epoch_sampler_pads_the_last_minibatch_as_gepa_does():
+    """10 ids in minibatches of 3: every epoch is 4 minibatches and sees every id; the last
+    one is padded with the ids drawn least often so far (a tie: the earliest of this
+    epoch's order), never with an id it already holds."""
+    ids = [f"e{i}" for i in range(10)]
+    sampler, rng = EpochSampler(ids, 3), random.Random(1)
+    for epoch in range(3):
+        batches = [sampler.next(rng) for _ in range(4)]
+        assert sampler.epoch == epoch and all(len(b) == 3 and len(set(b)) == 3 for b in batches)
+        seen = [i for b in batches for i in b]
+        assert set(seen) == set(ids)
+        order, padded = sampler.order, seen[10:]
+        if epoch == 0:  # every id drawn once so far: the pads are the epoch's first two
+            assert padded == order[:2]
+    # Over 3 epochs 6 pads went to 6 different ids: the least drawn are chosen first.
+    assert sorted(sampler.counts.values()) == [3] * 4 + [4] * 6
+    assert sampler.next(rng) and sampler.epoch == 3
+
+
+def test_the_epoch_sampler_resumes_exactly_from_its_saved_state():
+    ids = [f"e{i}" for i in range(7)]
+    whole, rng = EpochSampler(ids, 3), random.Random(4)
+    for _ in range(4):  # into the second epoch
+        whole.next(rng)
+    saved = json.loads(json.dumps(dataclasses.asdict(whole)))  # as gepa_state.json holds it
+    resumed, rng_copy = EpochSampler(**saved), random.Random()
+    rng_copy.setstate(rng.getstate())
+    assert [resumed.next(rng_copy) for _ in range(7)] == [whole.next(rng) for _ in range(7)]
+    assert resumed.counts == whole.counts
 
 
 EPS = 1e-6

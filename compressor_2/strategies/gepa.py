@@ -17,6 +17,7 @@ every iteration; a rerun resumes it, and the valset scores come back from the ar
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import random
 import re
@@ -380,8 +381,7 @@ class Gepa:
     def save_state(self) -> None:
         atomic_write_json(self.run.out / STATE_FILE, {
             "iteration": self.iteration, "rng": capture_rng_of(self.rng), "valset": self.valset,
-            "sampler": {"ids": self.sampler.ids, "size": self.sampler.size, "epoch": self.sampler.epoch,
-                        "order": self.sampler.order, "position": self.sampler.position},
+            "sampler": dataclasses.asdict(self.sampler),
             "pool": self.pool, "merges_due": self.merges_due, "merges_tested": self.merges_tested,
             "merges_performed": self.merges_performed, "merge_descriptions": self.merge_descriptions,
             "last_found_new": self.last_found_new, "next_component": self.next_component,
