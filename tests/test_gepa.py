@@ -277,3 +277,37 @@ def test_a_kept_child_continues_its_parents_round_robin(tmp_path, shared, tiny_m
     parent, child = records
     assert parent["accepted"] and parent["change"] == "cluster 5"
     assert child["parent"] == parent["candidate"] and child["change"] == "cluster 6"
+
+
+@pytest.mark.slow
+def test_a_resumed_sampling_gepa_run_recomputes_the_best_from_its_resampled_valset(tmp_path, shared,
+                                                                                   tiny_model_dir, capsys):
+    """Seed 000 §2 for GEPA: with CONFIG_TEMPERATURE > 0 a resume samples the pool's valset
+    answers afresh; the stored best (the archive's recorded aggregate) stays unless a
+    re-scored member beats it, and then the archive records the new best. The recorded
+    aggregates are set to the maximum, then to 0, so the outcome does not depend on the
+    samples; the spent budget stops each resume right after."""
+    import sqlite3
+
+    symbols = {**GEPA, "MAX_METRIC_CALLS": "12", "TEMPERATURE": '"1.0"'}
+    config = config_for(tmp_path, shared, tiny_model_dir, **symbols)
+    out = config.output_dir
+    evolve(config)
+
+    def resume_with_recorded_fitness(fitness: float) -> str:
+        with sqlite3.connect(out / "run.sqlite") as db:
+            db.execute("UPDATE candidates SET fitness = ? WHERE status = 'evaluated'", (fitness,))
+        db.close()
+        calls = query(out, "SELECT count(*) FROM evaluations")[0][0]
+        capsys.readouterr()
+        evolve(config)
+        assert query(out, "SELECT count(*) FROM evaluations")[0][0] > calls  # the valset was sampled afresh
+        return capsys.readouterr().out
+
+    printed = resume_with_recorded_fitness(1.0)  # lambda_shortness + lambda_correctness: nothing beats it
+    assert "best fitness 1.0000 (candidate 1)" in printed.splitlines()[-1] and "new best" not in printed
+
+    printed = resume_with_recorded_fitness(0.0)  # any re-scored member beats it
+    [(best, fitness, deltas)] = query(out, "SELECT id, fitness, deltas FROM candidates WHERE fitness > 0")
+    assert "new best fitness" in printed and f"best fitness {fitness:.4f} (candidate {best})" in printed
+    assert read_json(out / "deltas_best.json") == json.loads(deltas)

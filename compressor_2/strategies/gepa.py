@@ -171,11 +171,19 @@ class Gepa:
         self.last_found_new, self.next_component = saved["last_found_new"], saved["next_component"]
         members = {c.id: c for c in self.run.archive.candidates()}
         for cid in saved["pool"]:
-            self.assess(members[cid])  # served from the archive
+            self.assess(members[cid])  # served from the archive; sampled afresh when CONFIG_TEMPERATURE > 0
             self.pool.append(cid)
-        best = max(self.pool, key=lambda c: (self.aggregate(c), -c))
-        self.run.best.member = Member(dict(members[best].deltas), members[best].scratchpad, best)
-        self.run.best.fitness = self.aggregate(best)
+        # The stored best is the pool's best aggregate as the archive records it; a member
+        # whose fresh valset samples beat it replaces it (seed 000 §2, resume).
+        stored = members[max(self.pool, key=lambda c: (members[c].fitness or 0.0, -c))]
+        self.run.best.member = Member(dict(stored.deltas), stored.scratchpad, stored.id or 0)
+        self.run.best.fitness = stored.fitness
+        if self.run.best.consider([(Member(dict(members[c].deltas), members[c].scratchpad, c),
+                                    replace(self.evaluations[c], fitness=self.aggregate(c))) for c in self.pool]):
+            assert self.run.best.member is not None
+            best = self.run.best.member.candidate_id  # the archive records its new fitness: the next resume's
+            self.run.archive.assess(best, self.aggregate(best), self.evaluations[best].mean_tokens,
+                                    self.evaluations[best].correctness)
 
     # -- pool -------------------------------------------------------------------------------
 
