@@ -74,7 +74,7 @@ def evolve(config: Config) -> None:
                 best = BestEver(out, ids, lambda d, o: quietly(generate_processor, config, deltas_path=d, out=o),
                                 cluster_fingerprint=cluster_map_digest(clusters))
                 run = Run(config, ids, examples, archive, evaluator, reflector, pool, budget, best,
-                          time.perf_counter())
+                          time.perf_counter(), clusters)
                 archive.event("start", strategy=config.strategy, metric_calls=archive.metric_calls())
                 reason = strategy.run(run)
                 budget.checkpoint()

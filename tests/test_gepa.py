@@ -250,7 +250,8 @@ def test_a_gepa_run_interrupted_mid_iteration_resumes_to_the_same_end(tmp_path, 
 
 
 @pytest.mark.slow
-def test_a_kept_child_continues_its_parents_round_robin(tmp_path, shared, tiny_model_dir, monkeypatch):
+def test_a_kept_child_continues_its_parents_round_robin(tmp_path, shared_eight_clusters, tiny_model_dir,
+                                                        monkeypatch):
     """Seed 004 (GEPA's update_state_with_new_program): a new candidate takes its parents'
     round-robin position, the highest among them, instead of starting again at cluster 0.
     The GEPA loop runs on the real services of `evolve`, with 8 clusters (ids 0..7)."""
@@ -270,10 +271,7 @@ def test_a_kept_child_continues_its_parents_round_robin(tmp_path, shared, tiny_m
         return "driven"
 
     monkeypatch.setattr(gepa, "run", drive)
-    clusters = tmp_path / "clusters"
-    evolve(config_for(tmp_path, shared, tiny_model_dir, **GEPA, NUM_CLUSTERS="6", CLUSTER_DIR=f'"{clusters}"',
-                      CLUSTER_DESCRIPTIONS_PATH=f'"{clusters / "cluster_descriptions.json"}"',
-                      INITIAL_DELTAS_PATH=f'"{clusters / "initial_deltas.json"}"'))
+    evolve(config_for(tmp_path, shared_eight_clusters, tiny_model_dir, **GEPA, NUM_CLUSTERS="6"))
     parent, child = records
     assert parent["accepted"] and parent["change"] == "cluster 5"
     assert child["parent"] == parent["candidate"] and child["change"] == "cluster 6"

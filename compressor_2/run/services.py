@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from compressor_2.archive.database import RunArchive
+from compressor_2.clusters.clusterset import ClusterSet
+from compressor_2.clusters.tokens import AnswerTokens
 from compressor_2.config import Config
 from compressor_2.data.example import Example
 from compressor_2.errors import ConfigError
@@ -37,6 +39,7 @@ class Run:
     budget: Budget
     best: BestEver
     started: float  # perf_counter at this session's start
+    clusters: ClusterSet
 
     @property
     def out(self) -> Path:
@@ -52,13 +55,14 @@ class Run:
             return self.evaluator.evaluate(genomes, bar.update, examples)
 
     @functools.cached_property
-    def gold_tokens(self) -> dict[str, int]:
-        """Tokens of each training example's gold answer, with the model's tokenizer (what an
-        answer's `tokens` counts)."""
-        from transformers import AutoTokenizer
+    def answer_tokens(self) -> AnswerTokens:
+        """Texts retokenised with the model's tokenizer and mapped through the cluster map."""
+        return AnswerTokens.from_config(self.config, self.clusters)
 
-        tokenizer = AutoTokenizer.from_pretrained(self.config.model_path)
-        return {ex.id: len(tokenizer(ex.gold, add_special_tokens=False)["input_ids"]) for ex in self.examples}
+    @functools.cached_property
+    def gold_tokens(self) -> dict[str, int]:
+        """Tokens of each training example's gold answer (what an answer's `tokens` counts)."""
+        return {ex.id: self.answer_tokens.length(ex.gold) for ex in self.examples}
 
     def start_afresh(self, state_file: Path, step: int) -> None:
         """A start without a state file forgets what an earlier start that saved nothing had

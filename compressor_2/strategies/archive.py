@@ -47,13 +47,13 @@ from compressor_2.run.services import Run, resume_command
 from compressor_2.run.state import Member, capture_rng_of, load_strategy_state, restore_rng
 from compressor_2.run.tree import TREE_FILE, EvolutionTree, cand_id
 from compressor_2.strategies.archive_ops import (
-    PADDED_RATIO,
     Issue,
+    batch_target,
     feedback_scope,
     issues_of,
     midpoint_of,
     parent_weights,
-    sample_issues,
+    sample_issue_batch,
     sample_parents,
 )
 from compressor_2.strategies.operators import append_summary, weighted_average
@@ -63,7 +63,6 @@ STATE_FILE = "archive_state.json"
 SNAPSHOTS_FILE = "snapshots.jsonl"
 PROGRESS_PLOT = "archive_progress.png"
 TREE_PLOT = "evolution_tree.png"
-EOS_CLUSTER, NUMBERS_CLUSTER = "0", "1"
 SEED_STEP = -1  # the seed candidate is placed before iteration 0
 # What it writes in the run directory besides the shared services' files.
 OUTPUT_FILES = (STATE_FILE, SNAPSHOTS_FILE, PROGRESS_PLOT, TREE_PLOT)
@@ -119,13 +118,16 @@ def iteration(a: Archive, t: int) -> None:
     with timed(seconds, "selection"):
         parents = a.select_parents(members, lineage)
 
-    # 2. Sample issue batches from each parent's assessment, and 3. gather feedback memory.
+    # 2. Sample an issue batch, by issue type, once per parent; its generators share it.
+    # 3. Gather feedback memory.
     with timed(seconds, "selection"):
-        jobs = [Job(t, i * len(options.generators) + k, parent, generator,
-                    sample_issues(a.issues(parent), dict(options.issue_weights), options.issue_batch, a.rng),
-                    a.feedback_for(parent, lineage),
-                    a.partner_for(parent, members, lineage) if generator == "crossover" else None)
-                for i, parent in enumerate(parents) for k, generator in enumerate(options.generators)]
+        jobs = []
+        for i, parent in enumerate(parents):
+            issues = sample_issue_batch(a.issues(parent), dict(options.issue_weights), options.issue_batch, a.rng)
+            feedback = a.feedback_for(parent, lineage)
+            jobs += [Job(t, i * len(options.generators) + k, parent, generator, issues, feedback,
+                         a.partner_for(parent, members, lineage) if generator == "crossover" else None)
+                     for k, generator in enumerate(options.generators)]
 
     # 4. Run the generators concurrently (CONFIG_ARCHIVE_GENERATION_CONCURRENCY at a time).
     with timed(seconds, "generation"):
@@ -240,7 +242,9 @@ class Archive:
     # -- 2. issues, 3. feedback -----------------------------------------------------------
 
     def issues(self, parent: Candidate) -> list[Issue]:
-        return issues_of(self.evaluation(parent).records, self.gold_tokens)
+        tokens = self.run.answer_tokens
+        return issues_of(self.evaluation(parent).records, self.gold_tokens,
+                         lambda r: tokens.padding(r.answer, r.gold), self.run.cluster_ids)
 
     def feedback_for(self, parent: Candidate, lineage: Lineage) -> tuple[str, ...]:
         assert parent.id is not None
@@ -396,13 +400,10 @@ class Archive:
 # -- generators: (archive, job) -> a proposal, or None when the reflector gave none --------
 
 def cluster_generator(a: Archive, job: Job) -> Proposal | None:
-    """Seed 000's single-cluster mutation, its target taken from the sampled issues: EOS (the
-    length knob) when most are about length (cut short, padded, a refusal, or wrong at
-    PADDED_RATIO x the gold's tokens or more), else the numbers cluster (wrong figures)."""
+    """Seed 000's single-cluster mutation of the cluster the sampled issue batch names
+    (`batch_target`): any cluster, e.g. the one whose tokens pad the batch's answers most."""
     evaluation = a.evaluation(job.parent)
-    length = sum(i.type != "wrong" or i.record.tokens >= PADDED_RATIO * i.gold_tokens for i in job.issues)
-    target = NUMBERS_CLUSTER if length * 2 < len(job.issues) and NUMBERS_CLUSTER in job.parent.deltas \
-        else EOS_CLUSTER
+    target = batch_target(job.issues)
     result = a.run.reflector.mutate(MutationRequest(
         job.iteration, job.index, target, dict(job.parent.deltas), job.parent.scratchpad, evaluation.fitness,
         a.request_records(job), job.parent.id, job.feedback))
