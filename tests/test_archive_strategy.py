@@ -208,6 +208,44 @@ def test_an_issue_batch_is_drawn_once_per_parent_and_names_the_clusters_moved(tm
 
 
 @pytest.mark.slow
+def test_only_viable_candidates_become_parents(tmp_path, shared, tiny_model_dir, monkeypatch, capsys):
+    """Seed 003's isViable: correctness at least CONFIG_ARCHIVE_MIN_CORRECTNESS (0.9) of the
+    seed candidate's. The tiny model's answers are never correct, so the test plants what
+    viability is about: the seed is recorded 100% correct, and a member far fitter than
+    any other but 50% correct joins it. The quality sigmoid would draw that member nearly
+    every time; as it is not viable, it is never a parent nor a crossover partner."""
+    from compressor_2.archive.database import Candidate
+    from compressor_2.strategies import archive as strategy
+
+    original = strategy.Archive.seed
+    planted: list[int] = []
+
+    def seed_and_plant(self) -> None:
+        original(self)
+        [seed] = self.run.archive.candidates("operator = 'initial'")
+        self.run.archive.assess(seed.id, seed.fitness, seed.mean_tokens, 1.0)
+        [fit] = self.run.archive.add([Candidate({**seed.deltas, "0": 3.0}, "", "mutation", (seed.id,), "archive", 0,
+                                                fitness=0.99, mean_tokens=1.0, correctness=0.5)])
+        planted.append(fit.id)
+
+    monkeypatch.setattr(strategy.Archive, "seed", seed_and_plant)
+    config = config_for(tmp_path, shared, tiny_model_dir, **ARCHIVE)
+    evolve(config)
+    out = config.output_dir
+    parents = {p for (p,) in query(out, "SELECT DISTINCT parent FROM lineage")}
+    assert parents == {1} and planted == [2]  # only the seed is viable: every other answer is wrong
+    assert json.loads(query(out, "SELECT value FROM meta WHERE key = 'archive_viability'")[0][0]) == {
+        "min_correctness": 0.9, "seed_correctness": 1.0, "threshold": 0.9}
+    snapshots = [json.loads(line) for line in (out / "snapshots.jsonl").read_text().splitlines()]
+    assert [s["viable"] for s in snapshots] == [1, 1, 1]
+    capsys.readouterr()
+    assert main(["show", "--config", str(tmp_path / "test.config")]) == 0
+    shown = capsys.readouterr().out
+    assert "viability: correctness >= 90.0% (0.9 x the seed candidate's 100.0%); 1 of " in shown
+    assert any(line.strip().startswith("#2 ") and line.endswith("(not viable)") for line in shown.splitlines())
+
+
+@pytest.mark.slow
 def test_the_post_check_rejects_and_records(tmp_path, shared, tiny_model_dir):
     # The local reflector's first steps are about 1.0: a limit of 0.5 rejects every mutation.
     config = config_for(tmp_path, shared, tiny_model_dir, **{**ARCHIVE, "ARCHIVE_ITERATIONS": "2"},

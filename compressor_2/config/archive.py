@@ -23,6 +23,7 @@ class ArchiveOptions:
     midpoint: float | None  # a fixed midpoint, or
     midpoint_percentile: float | None  # a percentile of the archive's fitness values
     novelty_weight: float
+    min_correctness: float  # viability: a fraction of the seed candidate's correctness
     issue_batch: int
     issue_weights: tuple[tuple[str, float], ...]
     generators: tuple[str, ...]
@@ -69,6 +70,8 @@ def archive_options(r: Reader) -> ArchiveOptions:
              and len(set(generators)) == len(generators),
              f"CONFIG_ARCHIVE_GENERATORS={','.join(generators)!r} must name some of "
              f"{', '.join(ARCHIVE_GENERATORS)}, each once")
+    min_correctness = r.number("ARCHIVE_MIN_CORRECTNESS")
+    require(0 <= min_correctness <= 1, f"CONFIG_ARCHIVE_MIN_CORRECTNESS={min_correctness} must be in [0, 1]")
     scope = r.string("ARCHIVE_FEEDBACK_SCOPE").strip()
     require(scope in FEEDBACK_SCOPES,
              f"CONFIG_ARCHIVE_FEEDBACK_SCOPE={scope!r} is unknown; use one of {', '.join(FEEDBACK_SCOPES)}")
@@ -80,6 +83,7 @@ def archive_options(r: Reader) -> ArchiveOptions:
         midpoint=fixed,
         midpoint_percentile=percentile,
         novelty_weight=at_least("ARCHIVE_NOVELTY_WEIGHT", 0),
+        min_correctness=min_correctness,
         issue_batch=r.integer("ARCHIVE_ISSUE_BATCH"),
         issue_weights=tuple(weights),
         generators=generators,

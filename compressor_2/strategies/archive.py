@@ -55,6 +55,7 @@ from compressor_2.strategies.archive_ops import (
     parent_weights,
     sample_issue_batch,
     sample_parents,
+    viability_threshold,
 )
 from compressor_2.strategies.operators import append_summary, weighted_average
 
@@ -64,6 +65,7 @@ SNAPSHOTS_FILE = "snapshots.jsonl"
 PROGRESS_PLOT = "archive_progress.png"
 TREE_PLOT = "evolution_tree.png"
 SEED_STEP = -1  # the seed candidate is placed before iteration 0
+VIABILITY_META = "archive_viability"  # the archive's meta key of the viability rule, read by `show`
 # What it writes in the run directory besides the shared services' files.
 OUTPUT_FILES = (STATE_FILE, SNAPSHOTS_FILE, PROGRESS_PLOT, TREE_PLOT)
 
@@ -91,9 +93,11 @@ def run(run: Run) -> str:
         restore_rng(state["rng"], into=(rng, np.random.RandomState()))
         _restore_best(run)
         _truncate_snapshots(out / SNAPSHOTS_FILE, start)
+        archive.settle_viability()
         say(f"resuming at iteration {start} of {options.iterations} from {out / STATE_FILE}")
     else:
         archive.seed()
+        archive.settle_viability()
         say(f"evolving an archive for {options.iterations} iterations on {len(run.examples)} training examples "
             f"({options.parents_per_iteration} parents x {len(options.generators)} generators per iteration)")
     for t in range(start, options.iterations):
@@ -113,10 +117,11 @@ def run(run: Run) -> str:
 def iteration(a: Archive, t: int) -> None:
     options, seconds = a.options, {}
     members, lineage = a.members(), a.run.archive.lineage()  # nothing joins the archive before step 6
+    viable = a.viable(members)  # only these can become parents
 
-    # 1. Select parents from the archive: quality x novelty.
+    # 1. Select parents from the archive's viable members: quality x novelty.
     with timed(seconds, "selection"):
-        parents = a.select_parents(members, lineage)
+        parents = a.select_parents(viable, lineage)
 
     # 2. Sample an issue batch, by issue type, once per parent; its generators share it.
     # 3. Gather feedback memory.
@@ -126,7 +131,7 @@ def iteration(a: Archive, t: int) -> None:
             issues = sample_issue_batch(a.issues(parent), dict(options.issue_weights), options.issue_batch, a.rng)
             feedback = a.feedback_for(parent, lineage)
             jobs += [Job(t, i * len(options.generators) + k, parent, generator, issues, feedback,
-                         a.partner_for(parent, members, lineage) if generator == "crossover" else None)
+                         a.partner_for(parent, viable, lineage) if generator == "crossover" else None)
                      for k, generator in enumerate(options.generators)]
 
     # 4. Run the generators concurrently (CONFIG_ARCHIVE_GENERATION_CONCURRENCY at a time).
@@ -189,6 +194,7 @@ class Archive:
         self.generation_pool = ThreadPoolExecutor(options.generation_concurrency, thread_name_prefix="generator")
         self.gold_tokens = run.gold_tokens
         self._records: dict[int, Evaluation] = {}
+        self.threshold = 0.0  # the least correctness of a viable candidate (`settle_viability`)
 
     # -- the archive's members ----------------------------------------------------------
 
@@ -215,6 +221,18 @@ class Archive:
         self.run.archive.place([(cand_id(seed.id), seed.id, 0, "cand", 0)], SEED_STEP)
         self.run.best.consider([(Member(dict(deltas), "", seed.id), evaluation)])
         self.save_state(0)
+
+    def settle_viability(self) -> None:
+        """Seed 003's isViable: correctness at least CONFIG_ARCHIVE_MIN_CORRECTNESS times the
+        seed candidate's. The rule and its threshold go to the archive's meta for `show`."""
+        [seed] = self.run.archive.candidates("operator = 'initial'")
+        self.threshold = viability_threshold(self.options.min_correctness, seed.correctness or 0.0)
+        self.run.archive.set_meta({VIABILITY_META: json.dumps({
+            "min_correctness": self.options.min_correctness, "seed_correctness": seed.correctness,
+            "threshold": self.threshold})})
+
+    def viable(self, members: Sequence[Candidate]) -> list[Candidate]:
+        return [m for m in members if (m.correctness or 0.0) >= self.threshold]
 
     # -- 1. parents -----------------------------------------------------------------------
 
@@ -362,6 +380,7 @@ class Archive:
             "p10": float(np.percentile(scores, 10)), "p50": float(np.percentile(scores, 50)),
             "p90": float(np.percentile(scores, 90)),
             "best_ever_fitness": self.run.best.fitness, "best_candidate": best.id,
+            "viable": len(self.viable(members)),
             "mean_tokens": float(np.mean([m.mean_tokens or 0.0 for m in members])),
             "best_mean_tokens": best.mean_tokens, "best_correctness": best.correctness,
             "proposals": proposed, "skipped": skipped, "rejected": rejected, "accepted": len(accepted),
@@ -380,7 +399,8 @@ class Archive:
         plot_lengths(self.history, out / LENGTHS_PLOT)
         plot_archive(self.history, out / PROGRESS_PLOT)
         tree.render(out / TREE_PLOT)
-        say(f"iteration {t + 1} of {self.options.iterations}: archive {len(members)}  best {max(scores):.4f}  "
+        say(f"iteration {t + 1} of {self.options.iterations}: archive {len(members)} ({snapshot['viable']} viable)  "
+            f"best {max(scores):.4f}  "
             f"p50 {snapshot['p50']:.4f}  proposals {proposed} (rejected {rejected}, accepted {len(accepted)}; "
             f"{skipped} generator calls without one)  "
             f"metric calls {snapshot['metric_calls']}  elapsed {self.run.budget.seconds():.0f}s")

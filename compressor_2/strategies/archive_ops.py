@@ -39,6 +39,12 @@ def parent_weights(scores: Sequence[float], children: Sequence[int], sharpness: 
             for s, c in zip(scores, children, strict=True)]
 
 
+def viability_threshold(min_correctness: float, seed_correctness: float) -> float:
+    """Seed 003's isViable for delta vectors: the least correctness a parent may have, a
+    fraction of the seed candidate's."""
+    return min_correctness * seed_correctness
+
+
 def sample_parents(ids: Sequence[int], weights: Sequence[float], k: int, replace: bool,
                    rng: random.Random) -> list[int]:
     """`k` ids drawn in proportion to `weights`, with or without replacement (then at most
