@@ -3,8 +3,10 @@
 A candidate is a delta vector and its scratchpad; its assessment is its fitness on the
 training pool with per-example records. The seed candidate (the initial deltas) starts
 the archive. Iteration t, top to bottom (seed 003, "Execution Lifecycle"):
-  1. select parents from the archive: weight = quality sigmoid x novelty bonus;
-  2. sample issue batches (typed defects of single answers) from each parent's records;
+  1. select parents among the archive's viable members (correctness at least
+     CONFIG_ARCHIVE_MIN_CORRECTNESS of the seed's): weight = quality sigmoid x novelty bonus;
+  2. sample one issue batch per parent, by issue type (typed defects of single answers,
+     each naming the cluster a single-cluster move turns);
   3. gather feedback memory: entries of earlier proposals near the parent's lineage;
   4. run the generators concurrently: every generator once per parent;
   5. pass the proposals through the post-check gate (range, already known, optionally a
