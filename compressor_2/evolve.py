@@ -104,7 +104,7 @@ def evolve(config: Config) -> None:
                                 cluster_fingerprint=digest)
                 run = Run(config, ids, examples, archive, evaluator, reflector,
                           workers.pool(config.reflector_concurrency, "reflector"), budget, best, time.perf_counter(),
-                          workers, heldout)
+                          workers, clusters, heldout)
                 archive.event("start", strategy=config.strategy, metric_calls=archive.metric_calls())
                 with CallWatch(reflector):
                     reason = strategy.run(run)

@@ -3,7 +3,8 @@
 With --front: the tokens-versus-correctness front as a table, with the baseline and the
 held-out results. Without an id: the run summary (strategy, candidates, metric calls,
 cache hits, reflector tokens, wall time, status and stop reason, best) and the best candidate's
-lineage, one line per ancestor. With an id: that candidate, its parents and children,
+lineage, one line per ancestor; for the archive strategy its viability rule, its fittest
+members (each marked when not viable) and the feedback log. With an id: that candidate, its parents and children,
 the generations that selected it (seed 002's LLM selection) and why, the reflector
 calls about it, and its answers on the training pool next to the
 unsteered baseline's (the all-zero genome when the run or its checks evaluated it, else
@@ -26,6 +27,7 @@ from compressor_2.json_values import as_float, shown
 from compressor_2.run.checks import BASELINE_ID, HELDOUT, best_point, candidate_points, training_baseline
 from compressor_2.run.front import pareto_front
 from compressor_2.run.report import status
+from compressor_2.strategies.archive import VIABILITY_META
 
 ANSWER_WIDTH = 100
 SHOWN = 20  # archive members and feedback entries listed in the summary
@@ -147,8 +149,16 @@ def summary(archive: RunArchive) -> str:
     if feedback:
         kept = sorted((c for c in candidates if c.status == "evaluated" and c.fitness is not None),
                       key=lambda c: (-(c.fitness or 0.0), c.id))
+        rule = json.loads(archive.meta(VIABILITY_META) or "null")
+        threshold = rule["threshold"] if rule else 0.0
+        if rule:
+            viable = sum((c.correctness or 0.0) >= threshold for c in kept)
+            lines += ["", f"viability: correctness >= {100 * threshold:.1f}% ({rule['min_correctness']:g} x the "
+                          f"seed candidate's {100 * rule['seed_correctness']:.1f}%); {viable} of {len(kept)} "
+                          "members viable, only they can become parents"]
         lines += ["", f"archive members, fittest first ({min(len(kept), SHOWN)} of {len(kept)}):"]
-        lines += [f"  {describe(c)}" for c in kept[:SHOWN]]
+        lines += [f"  {describe(c)}{'' if (c.correctness or 0.0) >= threshold else '  (not viable)'}"
+                  for c in kept[:SHOWN]]
         lines += ["", f"feedback log, latest last ({min(len(feedback), SHOWN)} of {len(feedback)}):"]
         lines += [f"  #{c} from #{p} by {g} (iteration {t}): {change} -> {outcome}"
                   for c, p, t, g, change, outcome in feedback[-SHOWN:]]

@@ -77,6 +77,13 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def shared_eight_clusters(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Like `shared`, for configs with NUM_CLUSTERS="6" (cluster ids 0..7), built once per
+    session by the first run that uses it."""
+    return tmp_path_factory.mktemp("eight_clusters")
+
+
+@pytest.fixture(scope="session")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory, shared: Path, tiny_model_dir: Path) -> Path:
     """The output dir of the shared 4-generation run (GA_DEFAULTS) that no one interrupted;
     tests only read it."""

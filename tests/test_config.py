@@ -85,6 +85,8 @@ BAD_CONFIGS: list[tuple[str, str, str]] = [
     ("bad pool indices", 'CONFIG_FINANCEBENCH_POOL_INDICES="1-"\n', "CONFIG_FINANCEBENCH_POOL_INDICES"),
     ("bad url", 'CONFIG_ENGINE_SGLANG=y\nCONFIG_SGLANG_URLS="localhost:30000"\n', "CONFIG_SGLANG_URLS"),
     ("unknown request path", 'CONFIG_ENGINE_SGLANG=y\nCONFIG_SGLANG_API="openai"\n', "CONFIG_SGLANG_API"),
+    ("viability above 1", 'CONFIG_STRATEGY_ARCHIVE=y\nCONFIG_ARCHIVE_MIN_CORRECTNESS="1.5"\n',
+     "CONFIG_ARCHIVE_MIN_CORRECTNESS"),
 ]
 
 

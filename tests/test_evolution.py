@@ -189,3 +189,24 @@ def test_a_run_killed_after_its_last_state_finishes_its_outputs_on_rerun(tmp_pat
     assert read_json(out / "history.json")[-1]["stop_reason"] == f"all {DEFAULT_NGEN} generations ran"
     for png in ("fitness_vs_generation.png", "evolution_lengths.png", "evolution_tree.png"):
         assert (out / png).read_bytes().startswith(PNG)
+
+
+@pytest.mark.slow
+def test_a_run_prints_no_spurious_attention_mask_warning(tmp_path, shared, tiny_model_dir):
+    """One GA generation as a user runs it, in its own process (transformers warns once per
+    process). With TRANSFORMERS_BATCH_SIZE=3 each batch of the mutated children is one
+    question for 3 genomes: no padding, so transformers drops the all-ones mask, and the
+    rows stop at different steps, as in the demo's `make run`; the engine passes the mask,
+    so transformers' "We strongly recommend passing in an `attention_mask`" is spurious."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+    from tests.test_evolution_support import write_config
+
+    config = write_config(tmp_path, shared, tiny_model_dir, NGEN="1", TRANSFORMERS_BATCH_SIZE="3")
+    done = subprocess.run([sys.executable, "-m", "compressor_2", "evolve", "--config", str(config)], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1].startswith("done: all 1 generations ran")
+    assert "attention_mask" not in done.stderr

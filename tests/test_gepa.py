@@ -4,6 +4,7 @@ resume, outputs)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -63,14 +64,35 @@ def test_pareto_selection_draws_in_proportion_to_fronts_led():
     assert 0.15 < drawn.count(1) / 400 < 0.35  # 1 of 4 fronts
 
 
-def test_the_epoch_sampler_covers_every_id_once_per_epoch():
-    sampler, rng = EpochSampler([f"e{i}" for i in range(7)], 3), random.Random(1)
-    first, second = sampler.next(rng), sampler.next(rng)
-    assert sampler.epoch == 0 and len(set(first + second)) == 6
-    third = sampler.next(rng)  # one id left over: a new epoch starts
-    assert sampler.epoch == 1 and len(third) == 3 and sampler.position == 3
-    state = dict(ids=sampler.ids, size=3, epoch=sampler.epoch, order=list(sampler.order), position=3)
-    assert EpochSampler(**state).next(random.Random(5)) == sampler.next(random.Random(9))  # resumes mid-epoch
+def test_the_epoch_sampler_pads_the_last_minibatch_as_gepa_does():
+    """10 ids in minibatches of 3: every epoch is 4 minibatches and sees every id; the last
+    one is padded with the ids drawn least often so far (a tie: the earliest of this
+    epoch's order), never with an id it already holds."""
+    ids = [f"e{i}" for i in range(10)]
+    sampler, rng = EpochSampler(ids, 3), random.Random(1)
+    for epoch in range(3):
+        batches = [sampler.next(rng) for _ in range(4)]
+        assert sampler.epoch == epoch and all(len(b) == 3 and len(set(b)) == 3 for b in batches)
+        seen = [i for b in batches for i in b]
+        assert set(seen) == set(ids)
+        order, padded = sampler.order, seen[10:]
+        if epoch == 0:  # every id drawn once so far: the pads are the epoch's first two
+            assert padded == order[:2]
+    # Over 3 epochs 6 pads went to 6 different ids: the least drawn are chosen first.
+    assert sorted(sampler.counts.values()) == [3] * 4 + [4] * 6
+    assert sampler.next(rng) and sampler.epoch == 3
+
+
+def test_the_epoch_sampler_resumes_exactly_from_its_saved_state():
+    ids = [f"e{i}" for i in range(7)]
+    whole, rng = EpochSampler(ids, 3), random.Random(4)
+    for _ in range(4):  # into the second epoch
+        whole.next(rng)
+    saved = json.loads(json.dumps(dataclasses.asdict(whole)))  # as gepa_state.json holds it
+    resumed, rng_copy = EpochSampler(**saved), random.Random()
+    rng_copy.setstate(rng.getstate())
+    assert [resumed.next(rng_copy) for _ in range(7)] == [whole.next(rng) for _ in range(7)]
+    assert resumed.counts == whole.counts
 
 
 EPS = 1e-6
@@ -225,3 +247,65 @@ def test_a_gepa_run_interrupted_mid_iteration_resumes_to_the_same_end(tmp_path, 
     assert read_json(whole / "out" / "gepa_state.json") == read_json(cut / "out" / "gepa_state.json")
     sql = "SELECT id, operator, deltas, status, note, fitness FROM candidates ORDER BY id"
     assert query(whole / "out", sql) == query(cut / "out", sql)
+
+
+@pytest.mark.slow
+def test_a_kept_child_continues_its_parents_round_robin(tmp_path, shared_eight_clusters, tiny_model_dir,
+                                                        monkeypatch):
+    """Seed 004 (GEPA's update_state_with_new_program): a new candidate takes its parents'
+    round-robin position, the highest among them, instead of starting again at cluster 0.
+    The GEPA loop runs on the real services of `evolve`, with 8 clusters (ids 0..7)."""
+    from compressor_2.strategies import gepa
+
+    records: list[dict] = []
+
+    def drive(run) -> str:
+        g = gepa.Gepa(run, run.config.gepa, random.Random(run.config.seed), [])
+        g.start()
+        [seed] = g.pool
+        g.next_component[str(seed)] = 5  # the parent's next component is cluster 5
+        monkeypatch.setattr(gepa, "mutation_accepted", lambda before, after: True)  # the child is kept
+        records.append(g.reflect(0))
+        g.pool = [records[0]["candidate"]]  # the child is the only parent to draw
+        records.append(g.reflect(1))
+        return "driven"
+
+    monkeypatch.setattr(gepa, "run", drive)
+    evolve(config_for(tmp_path, shared_eight_clusters, tiny_model_dir, **GEPA, NUM_CLUSTERS="6"))
+    parent, child = records
+    assert parent["accepted"] and parent["change"] == "cluster 5"
+    assert child["parent"] == parent["candidate"] and child["change"] == "cluster 6"
+
+
+@pytest.mark.slow
+def test_a_resumed_sampling_gepa_run_recomputes_the_best_from_its_resampled_valset(tmp_path, shared,
+                                                                                   tiny_model_dir, capsys):
+    """Seed 000 §2 for GEPA: with CONFIG_TEMPERATURE > 0 a resume samples the pool's valset
+    answers afresh; the stored best (the archive's recorded aggregate) stays unless a
+    re-scored member beats it, and then the archive records the new best. The recorded
+    aggregates are set to the maximum, then to 0, so the outcome does not depend on the
+    samples; the spent budget stops each resume right after."""
+    import sqlite3
+
+    symbols = {**GEPA, "MAX_METRIC_CALLS": "12", "TEMPERATURE": '"1.0"'}
+    config = config_for(tmp_path, shared, tiny_model_dir, **symbols)
+    out = config.output_dir
+    evolve(config)
+
+    def resume_with_recorded_fitness(fitness: float) -> str:
+        with sqlite3.connect(out / "run.sqlite") as db:
+            db.execute("UPDATE candidates SET fitness = ? WHERE status = 'evaluated'", (fitness,))
+        db.close()
+        calls = query(out, "SELECT count(*) FROM evaluations")[0][0]
+        capsys.readouterr()
+        evolve(config)
+        assert query(out, "SELECT count(*) FROM evaluations")[0][0] > calls  # the valset was sampled afresh
+        return capsys.readouterr().out
+
+    printed = resume_with_recorded_fitness(1.0)  # lambda_shortness + lambda_correctness: nothing beats it
+    assert "best fitness 1.0000 (candidate 1)" in printed.splitlines()[-1] and "new best" not in printed
+
+    printed = resume_with_recorded_fitness(0.0)  # any re-scored member beats it
+    [(best, fitness, deltas)] = query(out, "SELECT id, fitness, deltas FROM candidates WHERE fitness > 0")
+    assert "new best fitness" in printed and f"best fitness {fitness:.4f} (candidate {best})" in printed
+    assert read_json(out / "deltas_best.json") == json.loads(deltas)

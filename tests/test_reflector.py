@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
+from compressor_2.clusters.tokens import AnswerTokens
 from compressor_2.fitness import Record
 from compressor_2.reflector.base import MergeRequest, MutationRequest, Reply, Usage
 from compressor_2.reflector.local import (
@@ -178,7 +179,7 @@ def local(tokenizer) -> ValidatingReflector:
     vocab = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
     clusters = np.array([1 if any(ch.isdigit() for ch in tok) else 2 for tok in vocab], dtype=np.int64)
     clusters[tokenizer.eos_token_id] = 0
-    return ValidatingReflector(LocalProposer(tokenizer, clusters, 3, initial_step=1.0, seed=7), DESCRIPTIONS, 100)
+    return ValidatingReflector(LocalProposer(AnswerTokens(tokenizer, clusters, 3), initial_step=1.0, seed=7), DESCRIPTIONS, 100)
 
 
 def test_local_raises_eos_when_no_answer_is_cut_short(local):
@@ -244,7 +245,7 @@ def test_local_is_deterministic_under_its_seed(local, tokenizer):
     request = mutation_request(target="0")
     assert local.mutate(request) == local.mutate(request)
     other_seed = ValidatingReflector(
-        LocalProposer(tokenizer, local.proposer.token_clusters, 3, initial_step=1.0, seed=8), DESCRIPTIONS, 100)
+        LocalProposer(local.proposer.tokens, initial_step=1.0, seed=8), DESCRIPTIONS, 100)
     assert other_seed.mutate(request).delta != local.mutate(request).delta
 
 

@@ -24,7 +24,7 @@ from compressor_2.reflector.local import LocalProposer
 from compressor_2.run.state import Member, capture_rng, restore_rng, seed_rng
 from compressor_2.strategies.ga_state import EvolutionState, load_state, save_state
 from tests.conftest import REPO
-from tests.test_evolution_support import config_for, read_json, write_config
+from tests.test_evolution_support import config_for, query, read_json, write_config
 
 IDS = ["0", "1", "2"]
 
@@ -223,3 +223,39 @@ def test_a_best_found_in_the_interrupted_generation_leaves_the_history_as_uninte
         for out in (tmp_path / "out", uninterrupted))
     assert resumed == whole
     assert read_json(tmp_path / "out" / "evolution_state.json") == read_json(uninterrupted / "evolution_state.json")
+
+
+@pytest.mark.slow
+def test_a_resumed_sampling_run_recomputes_the_best_from_its_rescored_population(tmp_path, shared, tiny_model_dir,
+                                                                                 capsys):
+    """Seed 000 §2: with CONFIG_TEMPERATURE > 0 (the transformers engine samples) a resume
+    evaluates the population afresh, and the stored best stays unless a re-scored member
+    beats it. The stored best fitness is set to 0, then to the maximum, so that the
+    outcome does not depend on the samples; the budget stops each resume right after."""
+    sampling = {"TEMPERATURE": '"1.0"'}
+    out = tmp_path / "out"
+    evolve(config_for(tmp_path, shared, tiny_model_dir, NGEN="1", **sampling))
+
+    def resume_with_stored_best(fitness: float) -> dict:
+        state = read_json(out / "evolution_state.json")
+        state["best_fitness"] = fitness
+        (out / "evolution_state.json").write_text(json.dumps(state))
+        calls = query(out, "SELECT count(*) FROM evaluations")[0][0]
+        capsys.readouterr()
+        evolve(config_for(tmp_path, shared, tiny_model_dir, NGEN="2", MAX_METRIC_CALLS=str(calls), **sampling))
+        assert query(out, "SELECT count(*) FROM evaluations")[0][0] > calls  # the population was sampled afresh
+        return state
+
+    before = resume_with_stored_best(0.0)  # any re-scored member beats it
+    resumed = read_json(out / "evolution_state.json")
+    population = {m["candidate_id"]: m["deltas"] for m in before["population"]}
+    assert resumed["best_fitness"] > 0.0 and resumed["best_individual"]["candidate_id"] in population
+    assert read_json(out / "deltas_best.json") == resumed["best_individual"]["deltas"]
+    printed = capsys.readouterr().out
+    assert "new best fitness" in printed and f"best fitness {resumed['best_fitness']:.4f}" in printed.splitlines()[-1]
+
+    files = (out / "deltas_best.json").read_bytes()
+    resume_with_stored_best(1.0)  # lambda_shortness + lambda_correctness: nothing beats it
+    assert read_json(out / "evolution_state.json")["best_fitness"] == 1.0
+    assert (out / "deltas_best.json").read_bytes() == files
+    assert "best fitness 1.0000" in capsys.readouterr().out.splitlines()[-1]

@@ -142,7 +142,7 @@ def rows(o: Others) -> dict[str, tuple[dict[str, str | None], dict[str, str | No
             "ISSUE_WEIGHTS": '"cut_short=1,wrong=1,padded=1,refusal=1"', "GENERATORS": '"cluster,vector"',
             "GENERATION_CONCURRENCY": "2", "ASSESSMENT_CONCURRENCY": "8", "FEEDBACK_SCOPE": '"neighborhood"',
             "FEEDBACK_DEPTH": "2", "POSTCHECK_EXAMPLES": "2", "POSTCHECK_MARGIN": '"0.5"',
-            "DELTA_LIMIT": '"20"'}.items()},
+            "DELTA_LIMIT": '"20"', "MIN_CORRECTNESS": '"0.5"'}.items()},
         **{f"GEPA_{k}": (GEPA, {f"GEPA_{k}": v}) for k, v in {
             "VALSET_SIZE": "10", "VALSET_INDICES": '"0-1"', "MINIBATCH_SIZE": "2",
             "CANDIDATE_SELECTOR": '"current_best"', "EPSILON": '"0.2"', "SKIP_PERFECT": "n",

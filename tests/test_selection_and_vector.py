@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
+from compressor_2.clusters.tokens import AnswerTokens
 from compressor_2.evolve import evolve
 from compressor_2.fitness import Evaluation, Record
 from compressor_2.reflector.base import PopulationMember, Reply, SelectionRequest, Usage, VectorRequest
@@ -163,7 +164,7 @@ def test_a_selection_is_retried_once_then_given_up():
 # -- the local stand-ins ------------------------------------------------------------------
 
 def test_the_local_selector_picks_by_its_rules_with_numbers():
-    proposer = LocalProposer(None, np.zeros(1, dtype=np.int64), 3, 1.0, seed=7)
+    proposer = LocalProposer(AnswerTokens(None, np.zeros(1, dtype=np.int64), 3), 1.0, seed=7)
     reflector = ValidatingReflector(proposer, DESCRIPTIONS, 100)
     result = reflector.select(SelectionRequest(3, MEMBERS))
     picks = [(s.candidate_id, s.category) for s in result.selections]
@@ -179,7 +180,7 @@ def test_the_local_selector_picks_by_its_rules_with_numbers():
 def test_local_vector_mutation_moves_several_clusters_and_the_summary_is_appended(tiny_model_dir: Path):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     clusters = np.arange(len(tokenizer), dtype=np.int64) % 3
-    reflector = ValidatingReflector(LocalProposer(tokenizer, clusters, 3, 1.0, seed=7), DESCRIPTIONS, 100)
+    reflector = ValidatingReflector(LocalProposer(AnswerTokens(tokenizer, clusters, 3), 1.0, seed=7), DESCRIPTIONS, 100)
     records = [Record(f"q{i}", "Q?", answer, "42", tokens, correct, "judge")
                for i, (answer, tokens, correct) in enumerate([("Revenue was 42 million in total.", 9, True),
                                                               ("No", 1, False), ("The answer is 41", 5, False)])]

@@ -29,6 +29,7 @@ class ArchiveOptions:
     midpoint: float | None  # a fixed midpoint, or
     midpoint_percentile: float | None  # a percentile of the archive's fitness values
     novelty_weight: float
+    min_correctness: float  # viability: a fraction of the seed candidate's correctness
     issue_batch: int
     issue_weights: tuple[tuple[str, float], ...]
     generators: tuple[str, ...]
@@ -84,6 +85,7 @@ def archive_options(r: Reader) -> ArchiveOptions:
         midpoint=fixed,
         midpoint_percentile=percentile,
         novelty_weight=r.number("ARCHIVE_NOVELTY_WEIGHT", 0, MAX_NOVELTY_WEIGHT),
+        min_correctness=r.number("ARCHIVE_MIN_CORRECTNESS", 0, 1),
         issue_batch=r.integer("ARCHIVE_ISSUE_BATCH"),
         issue_weights=tuple(weights),
         generators=generators,

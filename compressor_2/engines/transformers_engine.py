@@ -6,7 +6,9 @@ each row carries its own deltas, so a whole generation of individuals shares bat
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
@@ -44,6 +46,33 @@ def _load(loader: Callable[..., T], model_path: str, **kwargs: object) -> T:
     except (OSError, ValueError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ConfigError(f"CONFIG_MODEL_PATH={model_path!r}: cannot load the model: {first}") from None
+
+
+class _SpuriousMaskWarning(logging.Filter):
+    """transformers >= 5 drops an all-ones attention mask in `generate` (a batch whose
+    prompts need no padding, e.g. one question for several genomes). Once a row has
+    finished, generate feeds it pad tokens, and GPT-2's forward then warns "We strongly
+    recommend passing in an `attention_mask`" in the middle of the progress bars. The
+    engine does pass the mask, and a finished row's pad tokens are never read: this one
+    message is dropped, and only while the engine generates."""
+
+    MESSAGE = "We strongly recommend passing in an `attention_mask`"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.MESSAGE)
+
+
+_SPURIOUS_MASK_WARNING = _SpuriousMaskWarning()
+
+
+@contextmanager
+def _without_spurious_mask_warning() -> Iterator[None]:
+    logger = logging.getLogger("transformers.modeling_utils")  # where the warning is logged
+    logger.addFilter(_SPURIOUS_MASK_WARNING)
+    try:
+        yield
+    finally:
+        logger.removeFilter(_SPURIOUS_MASK_WARNING)
 
 
 class TransformersEngine:
@@ -145,10 +174,11 @@ class TransformersEngine:
             processors.append(DeltaBiasProcessor(rows, self.token_clusters))
         sampling = {"do_sample": True, "temperature": self.temperature, "top_p": 1.0, "top_k": 0} \
             if self.temperature > 0 else {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
-        output = self.model.generate(
-            **padded, logits_processor=processors, max_new_tokens=self.max_new_tokens,
-            eos_token_id=self.eos_ids, pad_token_id=self.tokenizer.pad_token_id, **sampling,
-        )
+        with _without_spurious_mask_warning():
+            output = self.model.generate(
+                **padded, logits_processor=processors, max_new_tokens=self.max_new_tokens,
+                eos_token_id=self.eos_ids, pad_token_id=self.tokenizer.pad_token_id, **sampling,
+            )
         new_tokens = output[:, padded["input_ids"].shape[1]:].tolist()
         return [self._finish(row) for row in new_tokens]
 

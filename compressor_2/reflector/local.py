@@ -33,13 +33,13 @@ import json
 import math
 import random
 import re
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from compressor_2.clusters.tokens import AnswerTokens
 from compressor_2.reflector.base import (
     MergeRequest, Message, MutationRequest, Reply, SelectionRequest, Usage, VectorRequest,
 )
@@ -137,24 +137,14 @@ def _mean(values: np.ndarray) -> float:
 class LocalProposer:
     name = "local"
 
-    def __init__(self, tokenizer: Any, token_clusters: np.ndarray, num_clusters: int,
-                 initial_step: float, seed: int) -> None:
-        self.tokenizer = tokenizer
-        self.token_clusters = np.asarray(token_clusters, dtype=np.int64)
-        self.num_clusters = num_clusters
+    def __init__(self, tokens: AnswerTokens, initial_step: float, seed: int) -> None:
+        self.tokens = tokens
         self.initial_step = initial_step
         self.seed = seed
-        self._lock = threading.Lock()  # fast tokenizers are not safe to share between threads
-        self._histograms: dict[str, np.ndarray] = {}
-        self._lengths: dict[str, int] = {}
 
     @classmethod
     def from_config(cls, config: Config, clusters: ClusterSet) -> LocalProposer:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(config.model_path)
-        return cls(tokenizer, clusters.token_clusters, len(clusters.cluster_ids),
-                   config.local_reflector_step, config.seed)
+        return cls(AnswerTokens.from_config(config, clusters), config.local_reflector_step, config.seed)
 
     def close(self) -> None:
         """Holds nothing that needs releasing."""
@@ -297,7 +287,7 @@ class LocalProposer:
         records = request.records
         correct = np.array([r.is_correct for r in records], dtype=bool)
         tokens = np.array([r.tokens for r in records], dtype=float)
-        gold = np.array([max(self._length(r.gold), 1) for r in records], dtype=float)
+        gold = np.array([max(self.tokens.length(r.gold), 1) for r in records], dtype=float)
         if request.target == EOS_CLUSTER:
             cut_short = int(np.sum(~correct & (tokens < gold)))
             if cut_short:
@@ -311,7 +301,7 @@ class LocalProposer:
             return -memory.direction, f"moving it {way} did not pay off last time", MEMORY_STRENGTH
 
         k = int(request.target)
-        histograms = [self._histogram(r.answer) for r in records]
+        histograms = [self.tokens.histogram(r.answer) for r in records]
         shares = np.array([h[k] / max(h.sum(), 1) for h in histograms])
         if not shares.any():
             return -1, "its tokens appear in no answer, so lowering it is a harmless probe", 0.0
@@ -330,21 +320,6 @@ class LocalProposer:
 
     def _next_value(self, current: float, direction: int, step: float) -> float:
         return round(min(max(current + direction * step, -DELTA_LIMIT), DELTA_LIMIT), 4)
-
-    def _histogram(self, text: str) -> np.ndarray:
-        """Tokens of `text` per cluster; ids outside the cluster map are not counted."""
-        with self._lock:
-            if text not in self._histograms:
-                ids = np.asarray(self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
-                ids = ids[ids < len(self.token_clusters)]
-                self._histograms[text] = np.bincount(self.token_clusters[ids], minlength=self.num_clusters)
-            return self._histograms[text]
-
-    def _length(self, text: str) -> int:
-        with self._lock:
-            if text not in self._lengths:
-                self._lengths[text] = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-            return self._lengths[text]
 
 
 def _distance(a: Mapping[str, float], b: Mapping[str, float]) -> float:

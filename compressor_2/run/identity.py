@@ -131,7 +131,7 @@ SETTINGS: tuple[Setting, ...] = (
               _option("archive", lambda c, n=name: getattr(c.archive, n)))
       for name in ("parents_per_iteration", "replace", "sharpness", "novelty_weight", "issue_batch", "issue_weights",
                    "generators", "feedback_scope", "feedback_depth", "postcheck_examples", "postcheck_margin",
-                   "delta_limit")),
+                   "delta_limit", "min_correctness")),
     Setting("CONFIG_ARCHIVE_MIDPOINT", ("ARCHIVE_MIDPOINT",),
             _option("archive", lambda c: c.archive.midpoint if c.archive.midpoint_percentile is None
                     else f"p{c.archive.midpoint_percentile:g}")),

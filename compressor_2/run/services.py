@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from compressor_2.archive.database import RunArchive
+from compressor_2.clusters.clusterset import ClusterSet
+from compressor_2.clusters.tokens import AnswerTokens
 from compressor_2.config import Config
 from compressor_2.data.example import Example
 from compressor_2.errors import ConfigError
@@ -46,6 +48,7 @@ class Run:
     best: BestEver
     started: float  # perf_counter at this session's start
     workers: Workers  # every thread pool of the run (`pool` is one of them)
+    clusters: ClusterSet
     heldout: tuple[Example, ...] = ()  # CONFIG_HOLDOUT_*: checked when the run stops, never searched on
     idle: IdleSteps = field(init=False)
     replies_seen: int = field(init=False)  # the newest reflector call the step boundaries have looked at
@@ -68,13 +71,14 @@ class Run:
             return self.evaluator.evaluate(genomes, bar.update, examples)
 
     @functools.cached_property
-    def gold_tokens(self) -> dict[str, int]:
-        """Tokens of each training example's gold answer, with the model's tokenizer (what an
-        answer's `tokens` counts)."""
-        from transformers import AutoTokenizer
+    def answer_tokens(self) -> AnswerTokens:
+        """Texts retokenised with the model's tokenizer and mapped through the cluster map."""
+        return AnswerTokens.from_config(self.config, self.clusters)
 
-        tokenizer = AutoTokenizer.from_pretrained(self.config.model_path)
-        return {ex.id: len(tokenizer(ex.gold, add_special_tokens=False)["input_ids"]) for ex in self.examples}
+    @functools.cached_property
+    def gold_tokens(self) -> dict[str, int]:
+        """Tokens of each training example's gold answer (what an answer's `tokens` counts)."""
+        return {ex.id: self.answer_tokens.length(ex.gold) for ex in self.examples}
 
     def start_afresh(self, state_file: Path, step: int) -> None:
         """A start without a state file forgets what an earlier start that saved nothing had

@@ -3,8 +3,10 @@
 A candidate is a delta vector and its scratchpad; its assessment is its fitness on the
 training pool with per-example records. The seed candidate (the initial deltas) starts
 the archive. Iteration t, top to bottom (seed 003, "Execution Lifecycle"):
-  1. select parents from the archive: weight = quality sigmoid x novelty bonus;
-  2. sample issue batches (typed defects of single answers) from each parent's records;
+  1. select parents among the archive's viable members (correctness at least
+     CONFIG_ARCHIVE_MIN_CORRECTNESS of the seed's): weight = quality sigmoid x novelty bonus;
+  2. sample one issue batch per parent, by issue type (typed defects of single answers,
+     each naming the cluster a single-cluster move turns);
   3. gather feedback memory: entries of earlier proposals near the parent's lineage;
   4. run the generators concurrently: every generator once per parent;
   5. pass the proposals through the post-check gate (range, already known, optionally a
@@ -49,14 +51,15 @@ from compressor_2.run.services import Run, resume_command
 from compressor_2.run.state import Member, capture_rng_of, load_strategy_state, restore_rng
 from compressor_2.run.tree import TREE_FILE, TREE_PLOT, EvolutionTree, cand_id
 from compressor_2.strategies.archive_ops import (
-    PADDED_RATIO,
     Issue,
+    batch_target,
     feedback_scope,
     issues_of,
     midpoint_of,
     parent_weights,
-    sample_issues,
+    sample_issue_batch,
     sample_parents,
+    viability_threshold,
 )
 from compressor_2.strategies.operators import append_summary, weighted_average
 
@@ -64,8 +67,8 @@ NAME = "archive"
 STATE_FILE = "archive_state.json"
 SNAPSHOTS_FILE = "snapshots.jsonl"
 PROGRESS_PLOT = "archive_progress.png"
-EOS_CLUSTER, NUMBERS_CLUSTER = "0", "1"
 SEED_STEP = -1  # the seed candidate is placed before iteration 0
+VIABILITY_META = "archive_viability"  # the archive's meta key of the viability rule, read by `show`
 # What it writes in the run directory besides the shared services' files.
 OUTPUT_FILES = (STATE_FILE, SNAPSHOTS_FILE, PROGRESS_PLOT, TREE_PLOT)
 
@@ -93,9 +96,11 @@ def run(run: Run) -> str:
         restore_rng(state["rng"], into=(rng, np.random.RandomState()))
         _restore_best(run)
         _truncate_snapshots(out / SNAPSHOTS_FILE, start)
+        archive.settle_viability()
         say(f"resuming at iteration {start} of {options.iterations} from {out / STATE_FILE}")
     else:
         archive.seed()
+        archive.settle_viability()
         say(f"evolving an archive for {options.iterations} iterations on {len(run.examples)} training examples "
             f"({options.parents_per_iteration} parents x {len(options.generators)} generators per iteration)")
     for t in range(start, options.iterations):
@@ -115,18 +120,22 @@ def run(run: Run) -> str:
 def iteration(a: Archive, t: int) -> None:
     options, seconds = a.options, {}
     members, lineage = a.members(), a.run.archive.lineage()  # nothing joins the archive before step 6
+    viable = a.viable(members)  # only these can become parents
 
-    # 1. Select parents from the archive: quality x novelty.
+    # 1. Select parents from the archive's viable members: quality x novelty.
     with timed(seconds, "selection"):
-        parents = a.select_parents(members, lineage)
+        parents = a.select_parents(viable, lineage)
 
-    # 2. Sample issue batches from each parent's assessment, and 3. gather feedback memory.
+    # 2. Sample an issue batch, by issue type, once per parent; its generators share it.
+    # 3. Gather feedback memory.
     with timed(seconds, "selection"):
-        jobs = [Job(t, i * len(options.generators) + k, parent, generator,
-                    sample_issues(a.issues(parent), dict(options.issue_weights), options.issue_batch, a.rng),
-                    a.feedback_for(parent, lineage),
-                    a.partner_for(parent, members, lineage) if generator == "crossover" else None)
-                for i, parent in enumerate(parents) for k, generator in enumerate(options.generators)]
+        jobs = []
+        for i, parent in enumerate(parents):
+            issues = sample_issue_batch(a.issues(parent), dict(options.issue_weights), options.issue_batch, a.rng)
+            feedback = a.feedback_for(parent, lineage)
+            jobs += [Job(t, i * len(options.generators) + k, parent, generator, issues, feedback,
+                         a.partner_for(parent, viable, lineage) if generator == "crossover" else None)
+                     for k, generator in enumerate(options.generators)]
 
     # 4. Run the generators concurrently (CONFIG_ARCHIVE_GENERATION_CONCURRENCY at a time).
     with timed(seconds, "generation"):
@@ -186,6 +195,7 @@ class Archive:
         self.generation_pool = run.workers.pool(options.generation_concurrency, "generator")
         self.gold_tokens = run.gold_tokens
         self._records: dict[int, Evaluation] = {}
+        self.threshold = 0.0  # the least correctness of a viable candidate (`settle_viability`)
 
     # -- the archive's members ----------------------------------------------------------
 
@@ -213,6 +223,18 @@ class Archive:
         self.run.best.consider([(Member(dict(deltas), "", seed.id), evaluation)])
         self.save_state(0)
 
+    def settle_viability(self) -> None:
+        """Seed 003's isViable: correctness at least CONFIG_ARCHIVE_MIN_CORRECTNESS times the
+        seed candidate's. The rule and its threshold go to the archive's meta for `show`."""
+        [seed] = self.run.archive.candidates("operator = 'initial'")
+        self.threshold = viability_threshold(self.options.min_correctness, seed.correctness or 0.0)
+        self.run.archive.set_meta({VIABILITY_META: json.dumps({
+            "min_correctness": self.options.min_correctness, "seed_correctness": seed.correctness,
+            "threshold": self.threshold})})
+
+    def viable(self, members: Sequence[Candidate]) -> list[Candidate]:
+        return [m for m in members if (m.correctness or 0.0) >= self.threshold]
+
     # -- 1. parents -----------------------------------------------------------------------
 
     def weights(self, members: Sequence[Candidate], lineage: Lineage) -> list[float]:
@@ -239,7 +261,9 @@ class Archive:
     # -- 2. issues, 3. feedback -----------------------------------------------------------
 
     def issues(self, parent: Candidate) -> list[Issue]:
-        return issues_of(self.evaluation(parent).records, self.gold_tokens)
+        tokens = self.run.answer_tokens
+        return issues_of(self.evaluation(parent).records, self.gold_tokens,
+                         lambda r: tokens.padding(r.answer, r.gold), self.run.cluster_ids)
 
     def feedback_for(self, parent: Candidate, lineage: Lineage) -> tuple[str, ...]:
         assert parent.id is not None
@@ -357,6 +381,7 @@ class Archive:
             "p10": float(np.percentile(scores, 10)), "p50": float(np.percentile(scores, 50)),
             "p90": float(np.percentile(scores, 90)),
             "best_ever_fitness": self.run.best.fitness, "best_candidate": best.id,
+            "viable": len(self.viable(members)),
             "mean_tokens": float(np.mean([m.mean_tokens or 0.0 for m in members])),
             "best_mean_tokens": best.mean_tokens, "best_correctness": best.correctness,
             "proposals": proposed, "skipped": skipped, "rejected": rejected, "accepted": len(accepted),
@@ -375,7 +400,8 @@ class Archive:
         plot_lengths(self.history, out / LENGTHS_PLOT)
         plot_archive(self.history, out / PROGRESS_PLOT)
         tree.render(out / TREE_PLOT)
-        say(f"iteration {t + 1} of {self.options.iterations}: archive {len(members)}  best {max(scores):.4f}  "
+        say(f"iteration {t + 1} of {self.options.iterations}: archive {len(members)} ({snapshot['viable']} viable)  "
+            f"best {max(scores):.4f}  "
             f"p50 {snapshot['p50']:.4f}  proposals {proposed} (rejected {rejected}, accepted {len(accepted)}; "
             f"{skipped} generator calls without one)  "
             f"metric calls {snapshot['metric_calls']}  elapsed {self.run.budget.seconds():.0f}s")
@@ -394,13 +420,10 @@ class Archive:
 # -- generators: (archive, job) -> a proposal, or None when the reflector gave none --------
 
 def cluster_generator(a: Archive, job: Job) -> Proposal | None:
-    """Seed 000's single-cluster mutation, its target taken from the sampled issues: EOS (the
-    length knob) when most are about length (cut short, padded, a refusal, or wrong at
-    PADDED_RATIO x the gold's tokens or more), else the numbers cluster (wrong figures)."""
+    """Seed 000's single-cluster mutation of the cluster the sampled issue batch names
+    (`batch_target`): any cluster, e.g. the one whose tokens pad the batch's answers most."""
     evaluation = a.evaluation(job.parent)
-    length = sum(i.type != "wrong" or i.record.tokens >= PADDED_RATIO * i.gold_tokens for i in job.issues)
-    target = NUMBERS_CLUSTER if length * 2 < len(job.issues) and NUMBERS_CLUSTER in job.parent.deltas \
-        else EOS_CLUSTER
+    target = batch_target(job.issues)
     result = a.run.reflector.mutate(MutationRequest(
         job.iteration, job.index, target, dict(job.parent.deltas), job.parent.scratchpad, evaluation.fitness,
         a.request_records(job), job.parent.id, job.feedback))

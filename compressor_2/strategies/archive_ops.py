@@ -1,11 +1,13 @@
-"""Seed 003's arithmetic as small pure functions: parent weights, typed issues and their
-weighted sampling, and the feedback memory's scopes over a lineage graph."""
+"""Seed 003's arithmetic as small pure functions: parent weights, typed issues, the cluster
+each names and their sampling in batches by type, and the feedback memory's scopes over a
+lineage graph."""
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import networkx as nx
@@ -14,6 +16,7 @@ import numpy as np
 from compressor_2.fitness import Record
 
 PADDED_RATIO = 2.0  # correct, but at least this many times the gold answer's tokens
+EOS_CLUSTER, NUMBERS_CLUSTER = "0", "1"
 _REFUSAL = ("cannot", "can't", "unable", "not possible", "no information", "not provided", "not available",
             "i don't know", "insufficient")
 
@@ -36,6 +39,12 @@ def parent_weights(scores: Sequence[float], children: Sequence[int], sharpness: 
             for s, c in zip(scores, children, strict=True)]
 
 
+def viability_threshold(min_correctness: float, seed_correctness: float) -> float:
+    """Seed 003's isViable for delta vectors: the least correctness a parent may have, a
+    fraction of the seed candidate's."""
+    return min_correctness * seed_correctness
+
+
 def sample_parents(ids: Sequence[int], weights: Sequence[float], k: int, replace: bool,
                    rng: random.Random) -> list[int]:
     """`k` ids drawn in proportion to `weights`, with or without replacement (then at most
@@ -54,12 +63,15 @@ def sample_parents(ids: Sequence[int], weights: Sequence[float], k: int, replace
 
 @dataclass(frozen=True)
 class Issue:
-    """A trainable defect of one answer; `id` (example id + type) is stable across candidates."""
+    """A trainable defect of one answer; `id` (example id + type) is stable across
+    candidates. `cluster` is the cluster it names: the delta a single-cluster move turns
+    for it (`named_cluster`)."""
 
     id: str
     type: str
     record: Record
     gold_tokens: int
+    cluster: str
 
 
 def is_refusal(answer: str) -> bool:
@@ -67,10 +79,26 @@ def is_refusal(answer: str) -> bool:
     return not any(ch.isdigit() for ch in text) and any(phrase in text for phrase in _REFUSAL)
 
 
-def issues_of(records: Sequence[Record], gold_tokens: Mapping[str, int]) -> list[Issue]:
+def named_cluster(kind: str, tokens: int, gold_tokens: int, padding: Sequence[int],
+                  cluster_ids: Sequence[str]) -> str:
+    """The cluster an issue names. cut_short: EOS (the answer stopped too soon); a wrong
+    answer of about the gold's length: the numbers cluster (a wrong figure); otherwise
+    (padded, a refusal, a long wrong answer) the cluster holding most of the answer's
+    padding, its tokens the gold answer does not have (`padding`, per cluster index), and
+    EOS when it has none."""
+    if kind == "cut_short":
+        return EOS_CLUSTER
+    if kind == "wrong" and tokens < PADDED_RATIO * gold_tokens:
+        return NUMBERS_CLUSTER if NUMBERS_CLUSTER in cluster_ids else EOS_CLUSTER
+    counts = np.asarray(padding)
+    return cluster_ids[int(np.argmax(counts))] if counts.any() else EOS_CLUSTER
+
+
+def issues_of(records: Sequence[Record], gold_tokens: Mapping[str, int],
+              padding: Callable[[Record], Sequence[int]], cluster_ids: Sequence[str]) -> list[Issue]:
     """refusal: incorrect, no figure and a refusal phrase; cut_short: incorrect and shorter
     than the gold answer; wrong: incorrect otherwise; padded: correct but at least
-    PADDED_RATIO x the gold's tokens."""
+    PADDED_RATIO x the gold's tokens. Each names its cluster (`named_cluster`)."""
     found = []
     for r in records:
         gold = max(gold_tokens[r.id], 1)
@@ -80,19 +108,34 @@ def issues_of(records: Sequence[Record], gold_tokens: Mapping[str, int]) -> list
             kind = "padded"
         else:
             continue
-        found.append(Issue(f"{r.id}:{kind}", kind, r, gold))
+        found.append(Issue(f"{r.id}:{kind}", kind, r, gold, named_cluster(kind, r.tokens, gold, padding(r),
+                                                                          cluster_ids)))
     return found
 
 
-def sample_issues(issues: Sequence[Issue], weights: Mapping[str, float], k: int,
-                  rng: random.Random) -> list[Issue]:
-    """Up to `k` distinct issues, drawn in proportion to their type's weight."""
-    pool = [i for i in issues if weights.get(i.type, 0.0) > 0]
-    chosen: list[Issue] = []
-    while pool and len(chosen) < k:
-        pick = rng.choices(range(len(pool)), weights=[weights[i.type] for i in pool])[0]
-        chosen.append(pool.pop(pick))
-    return chosen
+def sample_issue_batch(issues: Sequence[Issue], weights: Mapping[str, float], k: int,
+                       rng: random.Random) -> list[Issue]:
+    """Seed 003's "sample issue batches by issue type": one type, drawn in proportion to its
+    weight times its number of issues (as if one issue were drawn weighted by its type),
+    then up to `k` distinct issues of that type. Empty when no issue has a weighted type."""
+    by_type: dict[str, list[Issue]] = {}
+    for issue in issues:
+        if weights.get(issue.type, 0.0) > 0:
+            by_type.setdefault(issue.type, []).append(issue)
+    if not by_type:
+        return []
+    types = list(by_type)
+    [kind] = rng.choices(types, weights=[weights[t] * len(by_type[t]) for t in types])
+    return rng.sample(by_type[kind], min(k, len(by_type[kind])))
+
+
+def batch_target(batch: Sequence[Issue]) -> str:
+    """The cluster a batch names: the one most of its issues name (on a tie, the first drawn's);
+    EOS for an empty batch."""
+    if not batch:
+        return EOS_CLUSTER
+    named = Counter(i.cluster for i in batch)
+    return max(named, key=lambda c: named[c])  # max keeps the first of equals: the first drawn
 
 
 # -- feedback memory ----------------------------------------------------------------------

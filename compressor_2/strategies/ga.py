@@ -91,7 +91,12 @@ def run(run: Run) -> str:
         run.archive.rollback(saved.last_candidate_id, from_step=start)
         population = [new_individual(to_list(m.deltas), m.scratchpad, m.candidate_id) for m in saved.population]
         run.best.member, run.best.fitness = saved.best_individual, saved.best_fitness
-        toolbox.evaluate(population)  # served from the archive
+        # Served from the archive; sampled afresh when CONFIG_TEMPERATURE > 0, and then a
+        # member that now beats the stored best replaces it (seed 000 §2, resume).
+        toolbox.evaluate(population)
+        if run.best.consider([(ga.member(ind), ind.evaluation) for ind in population]):
+            save_state(out / STATE_FILE, replace(saved, best_individual=run.best.member,
+                                                 best_fitness=run.best.fitness))
         restore_rng(saved.rng)
         say(f"resuming at generation {ordinal(start, config.ngen)} from {out / STATE_FILE} "
             f"({len(run.examples)} training examples)")

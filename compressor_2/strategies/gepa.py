@@ -133,7 +133,8 @@ class Gepa:
     merges_performed: list[list[int]] = field(default_factory=list)  # [first, second, ancestor]
     merge_descriptions: list[list[Any]] = field(default_factory=list)  # [first, second, sources]
     last_found_new: bool = False
-    next_component: dict[str, int] = field(default_factory=dict)  # candidate id -> round-robin index
+    # candidate id -> its round-robin index; a kept child starts at its parents' (the highest)
+    next_component: dict[str, int] = field(default_factory=dict)
 
     @functools.cached_property
     def by_id(self) -> dict[str, Example]:
@@ -169,11 +170,19 @@ class Gepa:
         self.last_found_new, self.next_component = saved["last_found_new"], saved["next_component"]
         members = {c.id: c for c in self.run.archive.candidates()}
         for cid in saved["pool"]:
-            self.assess(members[cid])  # served from the archive
+            self.assess(members[cid])  # served from the archive; sampled afresh when CONFIG_TEMPERATURE > 0
             self.pool.append(cid)
-        best = max(self.pool, key=lambda c: (self.aggregate(c), -c))
-        self.run.best.member = Member(dict(members[best].deltas), members[best].scratchpad, best)
-        self.run.best.fitness = self.aggregate(best)
+        # The stored best is the pool's best aggregate as the archive records it; a member
+        # whose fresh valset samples beat it replaces it (seed 000 §2, resume).
+        stored = members[max(self.pool, key=lambda c: (members[c].fitness or 0.0, -c))]
+        self.run.best.member = Member(dict(stored.deltas), stored.scratchpad, stored.id or 0)
+        self.run.best.fitness = stored.fitness
+        if self.run.best.consider([(Member(dict(members[c].deltas), members[c].scratchpad, c),
+                                    replace(self.evaluations[c], fitness=self.aggregate(c))) for c in self.pool]):
+            assert self.run.best.member is not None
+            best = self.run.best.member.candidate_id  # the archive records its new fitness: the next resume's
+            self.run.archive.assess(best, self.aggregate(best), self.evaluations[best].mean_tokens,
+                                    self.evaluations[best].correctness)
 
     # -- pool -------------------------------------------------------------------------------
 
@@ -196,6 +205,8 @@ class Gepa:
         self.evaluations[c.id] = evaluation
         self.val_scores[c.id] = {r.id: s for r, s in zip(evaluation.records, evaluation.scores)}
         self.pool.append(c.id)
+        if parents:  # GEPA hands a new program its parents' round-robin position, the highest of them
+            self.next_component[str(c.id)] = max(self.next_component.get(str(p), 0) for p in parents)
         self.run.best.consider([(Member(dict(deltas), scratchpad, c.id), replace(evaluation, fitness=aggregate))])
         return c.id
 
@@ -377,8 +388,7 @@ class Gepa:
     def save_state(self) -> None:
         atomic_write_json(self.run.out / STATE_FILE, {
             "iteration": self.iteration, "rng": capture_rng_of(self.rng), "valset": self.valset,
-            "sampler": {"ids": self.sampler.ids, "size": self.sampler.size, "epoch": self.sampler.epoch,
-                        "order": self.sampler.order, "position": self.sampler.position},
+            "sampler": dataclasses.asdict(self.sampler),
             "pool": self.pool, "merges_due": self.merges_due, "merges_tested": self.merges_tested,
             "merges_performed": self.merges_performed, "merge_descriptions": self.merge_descriptions,
             "last_found_new": self.last_found_new, "next_component": self.next_component,

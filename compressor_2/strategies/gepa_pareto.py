@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 Scores = Mapping[int, Mapping[str, float]]  # candidate -> valset example -> score
 
@@ -57,24 +57,44 @@ def select_from_front(fronts: Sequence[set[int]], aggregate: Mapping[int, float]
 
 @dataclass
 class EpochSampler:
-    """Minibatches of the feedback set: shuffled anew each epoch, consecutive within it; a
-    rest smaller than a minibatch starts the next epoch."""
+    """Minibatches of the feedback set, GEPA's EpochShuffledBatchSampler: each epoch the ids
+    are shuffled and the order is padded to a whole number of minibatches (`epoch_order`),
+    so every id is seen every epoch; the minibatches are consecutive slices of the order.
+    `counts` is how often each id has been put in an order so far, over all epochs."""
 
     ids: list[str]
     size: int
     epoch: int = -1
     order: list[str] | None = None
     position: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
 
     def next(self, rng: random.Random) -> list[str]:
         if self.order is None or self.position + self.size > len(self.order):
             self.epoch += 1
-            self.order = list(self.ids)
-            rng.shuffle(self.order)
+            self.order = epoch_order(self.ids, self.size, self.counts, rng)
             self.position = 0
         batch = self.order[self.position:self.position + self.size]
         self.position += self.size
         return batch
+
+
+def epoch_order(ids: Sequence[str], size: int, counts: dict[str, int], rng: random.Random) -> list[str]:
+    """`ids` shuffled, then padded to a multiple of `size` with the ids drawn least often so
+    far (GEPA's rule; a tie goes to the earliest in this epoch's order). Unlike GEPA, an id
+    already in the last, padded minibatch is not repeated in it. Updates `counts`."""
+    order = list(ids)
+    rng.shuffle(order)
+    for i in order:
+        counts[i] = counts.get(i, 0) + 1
+    tail = set(order[len(order) - len(order) % size:]) if len(order) % size else set()
+    rank = {i: k for k, i in enumerate(order)}
+    while len(order) % size:
+        pick = min((i for i in rank if i not in tail), key=lambda i: (counts[i], rank[i]))
+        order.append(pick)
+        tail.add(pick)
+        counts[pick] += 1
+    return order
 
 
 # -- merges -------------------------------------------------------------------------------

@@ -1,0 +1,59 @@
+"""Answers as the model counts them: retokenised with the model's tokenizer and mapped
+through the cluster map. What the local reflector reads an answer by, and what names the
+cluster an archive issue points at (its padding's clusters)."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from compressor_2.clusters.clusterset import ClusterSet
+    from compressor_2.config import Config
+
+
+class AnswerTokens:
+    """Token ids, lengths and per-cluster histograms of texts, each text tokenised once.
+    Safe to share between threads (a fast tokenizer is not)."""
+
+    def __init__(self, tokenizer: Any, token_clusters: np.ndarray, num_clusters: int) -> None:
+        self.tokenizer = tokenizer
+        self.token_clusters = np.asarray(token_clusters, dtype=np.int64)
+        self.num_clusters = num_clusters
+        self._lock = threading.Lock()
+        self._ids: dict[str, np.ndarray] = {}
+
+    @classmethod
+    def from_config(cls, config: Config, clusters: ClusterSet) -> AnswerTokens:
+        from transformers import AutoTokenizer
+
+        return cls(AutoTokenizer.from_pretrained(config.model_path), clusters.token_clusters,
+                   len(clusters.cluster_ids))
+
+    def ids(self, text: str) -> np.ndarray:
+        with self._lock:
+            if text not in self._ids:
+                self._ids[text] = np.asarray(self.tokenizer(text, add_special_tokens=False)["input_ids"],
+                                             dtype=np.int64)
+            return self._ids[text]
+
+    def length(self, text: str) -> int:
+        """Tokens of `text`: what an answer's `tokens` counts, without its EOS."""
+        return len(self.ids(text))
+
+    def histogram(self, text: str) -> np.ndarray:
+        """Tokens of `text` per cluster index; ids outside the cluster map are not counted."""
+        return self._per_cluster(self.ids(text))
+
+    def padding(self, answer: str, gold: str) -> np.ndarray:
+        """Per cluster index, the answer's tokens the gold answer does not have (as a
+        multiset: a token the gold has once is padding from its second use on)."""
+        extra = Counter(self.ids(answer).tolist()) - Counter(self.ids(gold).tolist())
+        return self._per_cluster(np.asarray(list(extra.elements()), dtype=np.int64))
+
+    def _per_cluster(self, ids: np.ndarray) -> np.ndarray:
+        ids = ids[ids < len(self.token_clusters)]
+        return np.bincount(self.token_clusters[ids], minlength=self.num_clusters)
