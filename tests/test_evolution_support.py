@@ -81,11 +81,11 @@ def whole_and_resumed(tmp_path: Path, shared: Path, model_dir: Path, symbols: di
     return whole / "out", split / "out"
 
 
-def interrupted_then_resumed(work: Path, shared: Path, model_dir: Path, symbols: dict[str, str], step: int,
-                             monkeypatch, at: tuple[object, str, Callable[..., bool]] | None = None) -> None:
-    """A run with `symbols` in `work` that Ctrl+C stops inside step `step`, then the same
-    command rerun to its end. The interrupt is raised by a local mutation call of that
-    step, or by the call `at` names: (class, method, whether these arguments interrupt)."""
+def interrupted(work: Path, shared: Path, model_dir: Path, symbols: dict[str, str], step: int,
+                monkeypatch, at: tuple[object, str, Callable[..., bool]] | None = None) -> None:
+    """A run with `symbols` in `work` that Ctrl+C stops inside step `step`. The interrupt is
+    raised by a local mutation call of that step, or by the call `at` names: (class,
+    method, whether these arguments interrupt)."""
     import pytest
 
     from compressor_2.evolve import evolve
@@ -103,6 +103,14 @@ def interrupted_then_resumed(work: Path, shared: Path, model_dir: Path, symbols:
     with pytest.raises(KeyboardInterrupt):
         evolve(config_for(work, shared, model_dir, **symbols))
     monkeypatch.setattr(owner, name, original)
+
+
+def interrupted_then_resumed(work: Path, shared: Path, model_dir: Path, symbols: dict[str, str], step: int,
+                             monkeypatch, at: tuple[object, str, Callable[..., bool]] | None = None) -> None:
+    """`interrupted`, then the same command rerun to its end."""
+    from compressor_2.evolve import evolve
+
+    interrupted(work, shared, model_dir, symbols, step, monkeypatch, at)
     evolve(config_for(work, shared, model_dir, **symbols))
 
 

@@ -18,7 +18,7 @@ from compressor_2.evolve import evolve
 from compressor_2.fitness import example_key
 from compressor_2.run.checks import BASELINE_ID, training_baseline
 from compressor_2.run.report import render
-from tests.test_evolution_support import config_for, query, read_json, write_config
+from tests.test_evolution_support import config_for, interrupted, query, read_json, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -279,18 +279,7 @@ def test_a_search_that_starts_elsewhere_gets_its_baseline_measured_apart(tmp_pat
 
 
 def test_report_on_an_interrupted_run(tmp_path, shared, tiny_model_dir, monkeypatch, capsys):
-    from compressor_2.reflector.local import LocalProposer
-
-    original = LocalProposer.mutation
-
-    def interrupt_in_generation_1(self, request, messages, attempt):
-        if request.generation == 1:
-            raise KeyboardInterrupt
-        return original(self, request, messages, attempt)
-
-    monkeypatch.setattr(LocalProposer, "mutation", interrupt_in_generation_1)
-    with pytest.raises(KeyboardInterrupt):
-        evolve(config_for(tmp_path, shared, tiny_model_dir, **HELDOUT_RUN, HOLDOUT_INDICES='"2"'))
+    interrupted(tmp_path, shared, tiny_model_dir, {**HELDOUT_RUN, "HOLDOUT_INDICES": '"2"'}, 1, monkeypatch)
     assert "held-out (" not in capsys.readouterr().out  # a Ctrl+C skips the check
     (tmp_path / "out" / "report.html").unlink()
     assert main(["report", "--config", str(tmp_path / "test.config")]) == 0

@@ -14,10 +14,9 @@ import pytest
 from compressor_2.cli import main
 from compressor_2.errors import ConfigError
 from compressor_2.evolve import evolve
-from compressor_2.reflector.local import LocalProposer
 from tests.conftest import REPO
 from tests.fakes.openai_server import FakeOpenAIServer, chat_completion
-from tests.test_evolution_support import config_for, query, read_json, write_config
+from tests.test_evolution_support import config_for, interrupted, query, read_json, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -177,16 +176,7 @@ def test_show_a_candidate_with_its_answers_next_to_the_unsteered_ones(uninterrup
 
 
 def test_show_an_interrupted_run(tmp_path, shared, tiny_model_dir, monkeypatch, capsys):
-    original = LocalProposer.mutation
-
-    def interrupt_in_generation_1(self, request, messages, attempt):
-        if request.generation == 1:
-            raise KeyboardInterrupt
-        return original(self, request, messages, attempt)
-
-    monkeypatch.setattr(LocalProposer, "mutation", interrupt_in_generation_1)
-    with pytest.raises(KeyboardInterrupt):
-        evolve(config_for(tmp_path, shared, tiny_model_dir))
+    interrupted(tmp_path, shared, tiny_model_dir, {}, 1, monkeypatch)
     capsys.readouterr()
     assert main(["show", "--config", str(tmp_path / "test.config")]) == 0
     out = capsys.readouterr().out

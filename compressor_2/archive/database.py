@@ -52,7 +52,19 @@ ARCHIVE_FILE = "run.sqlite"
 SCHEMA_VERSION = 1
 MAX_ID = 2**63 - 1  # SQLite's largest integer
 
-SCHEMA = """
+# The search's answers (evaluations) and the checks' (check_answers) have one shape.
+_ANSWERS = """(
+    genome TEXT NOT NULL,
+    example TEXT NOT NULL,
+    context TEXT NOT NULL,
+    answer TEXT NOT NULL,
+    tokens INTEGER NOT NULL,
+    is_correct INTEGER NOT NULL,
+    reasoning TEXT NOT NULL,
+    created REAL NOT NULL,
+    PRIMARY KEY (genome, example, context)
+) WITHOUT ROWID"""
+SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS candidates (
     id INTEGER PRIMARY KEY,
@@ -84,28 +96,8 @@ CREATE TABLE IF NOT EXISTS placements (
     idx INTEGER NOT NULL,
     step INTEGER NOT NULL
 );
-CREATE TABLE IF NOT EXISTS evaluations (
-    genome TEXT NOT NULL,
-    example TEXT NOT NULL,
-    context TEXT NOT NULL,
-    answer TEXT NOT NULL,
-    tokens INTEGER NOT NULL,
-    is_correct INTEGER NOT NULL,
-    reasoning TEXT NOT NULL,
-    created REAL NOT NULL,
-    PRIMARY KEY (genome, example, context)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS check_answers (
-    genome TEXT NOT NULL,
-    example TEXT NOT NULL,
-    context TEXT NOT NULL,
-    answer TEXT NOT NULL,
-    tokens INTEGER NOT NULL,
-    is_correct INTEGER NOT NULL,
-    reasoning TEXT NOT NULL,
-    created REAL NOT NULL,
-    PRIMARY KEY (genome, example, context)
-) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS evaluations {_ANSWERS};
+CREATE TABLE IF NOT EXISTS check_answers {_ANSWERS};
 CREATE TABLE IF NOT EXISTS check_results (
     split TEXT NOT NULL,
     genome TEXT NOT NULL,
