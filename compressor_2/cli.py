@@ -150,7 +150,7 @@ COMMANDS: tuple[Command, ...] = (
             _generate_processor_arguments, _generate_processor),
     Command("evaluate", "evaluate one delta vector on FinanceBench-shaped questions",
             _evaluate_arguments, _evaluate),
-    Command("evolve", "run the genetic evolution of steering deltas (resumes when state exists)",
+    Command("evolve", "evolve steering deltas with CONFIG_STRATEGY (resumes when state exists)",
             _no_arguments, _evolve),
     Command("show", "print a run's summary, or one candidate with its answers (read only)",
             _show_arguments, _show),
