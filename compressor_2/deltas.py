@@ -79,13 +79,12 @@ def write_fingerprint(deltas_path: Path, fingerprint: str) -> None:
     atomic_write_json(fingerprint_path(deltas_path), {"cluster_map": fingerprint})
 
 
-def check_fingerprint(deltas_path: Path, fingerprint: str, force: bool, override: str = "pass --force") -> None:
-    """Refuses deltas recorded for other clusters than `fingerprint` (unless `force`): the
-    same cluster ids would steer other tokens. A file without a record is not checked.
-    `override`: how the caller's user uses such deltas anyway."""
+def recorded_fingerprint(deltas_path: Path, override: str = "pass --force") -> str | None:
+    """The clusters' digest the sidecar of `deltas_path` records, None without a sidecar;
+    a sidecar that is unreadable or malformed is refused, naming `override`."""
     sidecar = fingerprint_path(deltas_path)
-    if force or not sidecar.is_file():
-        return
+    if not sidecar.is_file():
+        return None
     try:
         record = json.loads(sidecar.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -97,6 +96,19 @@ def check_fingerprint(deltas_path: Path, fingerprint: str, force: bool, override
     if not isinstance(recorded, str) or not recorded:
         raise ConfigError(f"'{sidecar}': cluster_map is {shown(recorded)}, not the digest of a cluster map; "
                           f"remove it, or {override}")
+    return recorded
+
+
+def check_fingerprint(deltas_path: Path, fingerprint: str, force: bool, override: str = "pass --force") -> None:
+    """Refuses deltas recorded for other clusters than `fingerprint` (unless `force`): the
+    same cluster ids would steer other tokens. A file without a record is not checked.
+    `override`: how the caller's user uses such deltas anyway."""
+    if force:
+        return
+    recorded = recorded_fingerprint(deltas_path, override)
+    if recorded is None:
+        return
+    sidecar = fingerprint_path(deltas_path)
     if recorded != fingerprint:
         raise ConfigError(f"'{deltas_path}' was made for clusters {recorded[:12]} ({sidecar.name} says so), but the "
                           f"current clusters are {fingerprint[:12]}: the same ids would steer other tokens. Build the "

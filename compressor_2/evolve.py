@@ -19,6 +19,7 @@ moments and leaves no thread of its own behind.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import time
 from collections.abc import Callable
@@ -35,7 +36,7 @@ from compressor_2.interrupts import signals_ignored, stop_on_first_signal
 from compressor_2.reflector.prompt_log import PROMPT_DIR
 from compressor_2.run.best import DELTAS_BEST, PROCESSOR_BEST, BestEver
 from compressor_2.run.budget import Budget, Limits, shortfall
-from compressor_2.run.checks import Checks, gain, heldout_line
+from compressor_2.run.checks import Checks, heldout_line, standing
 from compressor_2.run.identity import RunInputs, check_identity
 from compressor_2.run.lock import run_lock
 from compressor_2.run.plots import FRONT_PLOT
@@ -52,6 +53,7 @@ PRE_ARCHIVE_FILES = ("evolution_state.json", "history.json")
 def evolve(config: Config) -> None:
     from compressor_2.clusters.build import build_clusters
     from compressor_2.clusters.clusterset import cluster_map_digest
+    from compressor_2.clusters.tokens import AnswerTokens
     from compressor_2.data.financebench import examples_from_config, holdout_examples
     from compressor_2.engines.registry import LazyEngine
     from compressor_2.judges.registry import make_judge
@@ -81,17 +83,18 @@ def evolve(config: Config) -> None:
         try:
             with stop_on_first_signal():
                 # A missing API key stops us here, before the model loads.
-                reflector = make_reflector(config, clusters, recorder=archive.record_call)
+                tokens = AnswerTokens.from_config(config, clusters)
+                reflector = make_reflector(config, clusters, recorder=archive.record_call, tokens=tokens)
                 # Every prompt the run will send, the held-out check's too: checked before any work.
                 engine = LazyEngine(config, clusters, {e.id: e.prompt for e in (*examples, *heldout)})
                 archive.set_meta({"context": context})  # `show` reads this run's answers under it
                 judge = make_judge(config)
-                evaluator = Evaluator(engine, judge, examples, config.lambda_shortness,
-                                      config.lambda_correctness, config.shortness_scale, store=archive,
-                                      context=context, reuse=config.temperature == 0)
-                checks = Checks(Evaluator(engine, judge, examples, config.lambda_shortness, config.lambda_correctness,
-                                          config.shortness_scale, store=CheckStore(archive), context=context,
-                                          reuse=config.temperature == 0), archive, examples, heldout, len(ids))
+                # The search's and the checks' evaluators differ only in where answers are kept.
+                evaluator_on = functools.partial(Evaluator, engine, judge, examples, config.lambda_shortness,
+                                                 config.lambda_correctness, config.shortness_scale, context=context,
+                                                 reuse=config.temperature == 0)
+                evaluator = evaluator_on(store=archive)
+                checks = Checks(evaluator_on(store=CheckStore(archive)), archive, examples, heldout, len(ids))
                 if any(initial.values()):
                     # The search starts from other deltas than the baseline's: measure the
                     # baseline apart, before the budget's clock starts.
@@ -104,7 +107,7 @@ def evolve(config: Config) -> None:
                                 cluster_fingerprint=digest)
                 run = Run(config, ids, examples, archive, evaluator, reflector,
                           workers.pool(config.reflector_concurrency, "reflector"), budget, best, time.perf_counter(),
-                          workers, clusters, heldout)
+                          workers, tokens, heldout)
                 archive.event("start", strategy=config.strategy, metric_calls=archive.metric_calls())
                 with CallWatch(reflector):
                     reason = strategy.run(run)
@@ -121,7 +124,7 @@ def evolve(config: Config) -> None:
             say(final_line(reason, best))
             if checked:
                 say(checks_line(archive, checked, len(heldout)))
-                g = gain(archive)
+                g = standing(archive).gain
                 if g is not None:
                     say(heldout_line(g))
         except (KeyboardInterrupt, RunError) as exc:

@@ -10,17 +10,16 @@ deltas_candidate_<id>.json and processor_candidate_<id>.py. The run archive is r
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
 from compressor_2.archive.database import ARCHIVE_FILE, Candidate, RunArchive
 from compressor_2.atomic import atomic_write_json
 from compressor_2.config import Config
-from compressor_2.deltas import fingerprint_path, write_fingerprint
+from compressor_2.deltas import fingerprint_path, recorded_fingerprint, write_fingerprint
 from compressor_2.errors import ConfigError
 from compressor_2.run.best import DELTAS_BEST
-from compressor_2.run.checks import best_point, candidate_points, training_baseline
+from compressor_2.run.checks import standing
 from compressor_2.run.front import Point, affordable, pareto_front
 from compressor_2.run_directory import check_output_file
 
@@ -40,9 +39,10 @@ def run_export(config: Config, max_drop: float | None, candidate_id: int | None,
     for path, kind in ((deltas_path, "deltas JSON file"), (fingerprint_path(deltas_path), "deltas JSON file"),
                        (processor_path, "processor module")):
         check_output_file(path, "export --out", config, kind=kind, example="deltas_fast.json")
+    fingerprint = run_fingerprint(config)  # read before anything is written: a broken sidecar writes nothing
     print(why)
     atomic_write_json(deltas_path, dict(candidate.deltas))
-    write_fingerprint(deltas_path, run_fingerprint(config))
+    write_fingerprint(deltas_path, fingerprint)
     # The processor is checked against the current clusters: deltas evolved on others are
     # refused (unless --force) rather than deployed to steer the wrong tokens.
     generate_processor(config, deltas_path=deltas_path, out=processor_path, force=force)
@@ -51,7 +51,8 @@ def run_export(config: Config, max_drop: float | None, candidate_id: int | None,
 
 def choose(archive: RunArchive, max_drop: float | None, candidate_id: int | None) -> tuple[Candidate, str]:
     """The candidate to export and one line on why it was chosen."""
-    points = {p.id: p for p in candidate_points(archive)}
+    now = standing(archive)
+    points = {p.id: p for p in now.points}
     if candidate_id is not None:
         candidate = archive.candidate(candidate_id)
         if candidate is None:
@@ -64,7 +65,7 @@ def choose(archive: RunArchive, max_drop: float | None, candidate_id: int | None
     if not 0 <= max_drop <= 1:
         raise ConfigError(f"export --max-correctness-drop {max_drop:g} must be a fraction in [0, 1] "
                           "(0.01: one point of correctness)")
-    baseline = training_baseline(archive)
+    baseline = now.baseline
     if baseline is None:
         raise ConfigError(f"'{archive.path}' has no unsteered baseline yet (the all-zero deltas, measured when "
                           "the run starts or stops): rerun evolve, or export with --candidate ID")
@@ -74,7 +75,7 @@ def choose(archive: RunArchive, max_drop: float | None, candidate_id: int | None
         raise ConfigError(no_candidate_line(front, baseline, max_drop))
     candidate = archive.candidate(chosen.id)
     assert candidate is not None
-    best = best_point(archive)
+    best = now.best
     return candidate, (f"candidate #{chosen.id}, the shortest on the front within {max_drop:g} of the baseline's "
                        f"correctness; on the training pool: {_describe(chosen)}, the baseline {_describe(baseline)}"
                        + (f", the best by fitness (#{best.id}) {_describe(best)}" if best is not None else ""))
@@ -97,8 +98,5 @@ def run_fingerprint(config: Config) -> str:
     the current clusters'."""
     from compressor_2.clusters.clusterset import cluster_map_digest, load_cluster_set
 
-    sidecar = fingerprint_path(config.output_dir / DELTAS_BEST)
-    try:
-        return str(json.loads(sidecar.read_text(encoding="utf-8"))["cluster_map"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return cluster_map_digest(load_cluster_set(config))
+    recorded = recorded_fingerprint(config.output_dir / DELTAS_BEST, "rerun evolve, which rewrites it")
+    return recorded if recorded is not None else cluster_map_digest(load_cluster_set(config))

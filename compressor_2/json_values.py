@@ -9,13 +9,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
-SHOWN_CHARS = 60  # of a refused value in a message
+from compressor_2.api_key import scrub
+
+SHOWN_CHARS = 60  # of a refused value in a message, unless the caller says otherwise
 
 
-def shown(value: Any) -> str:
-    """`value` for a message: its repr, cut short."""
-    text = repr(value)
-    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "..."
+def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
+    """`value` for a message: its repr with every API key masked, then cut to `limit`
+    characters (masked first: a key cut in two no longer matches)."""
+    text = scrub(repr(value))
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def as_float(found: Any) -> float | None:

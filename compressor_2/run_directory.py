@@ -24,7 +24,7 @@ from compressor_2.run.history import HISTORY_FILE
 from compressor_2.run.lock import LOCK_FILE
 from compressor_2.run.plots import FITNESS_PLOT, FRONT_PLOT, LENGTHS_PLOT
 from compressor_2.run.report import REPORT_FILE
-from compressor_2.run.tree import TREE_FILE
+from compressor_2.run.tree import TREE_FILE, TREE_PLOT
 from compressor_2.strategies import load_strategy, strategy_names
 
 
@@ -41,8 +41,8 @@ def owned_files() -> frozenset[str]:
     new one cannot be forgotten here."""
     shared = {
         ARCHIVE_FILE, f"{ARCHIVE_FILE}-wal", f"{ARCHIVE_FILE}-shm", f"{ARCHIVE_FILE}-journal", LOCK_FILE,
-        HISTORY_FILE, TREE_FILE, FITNESS_PLOT, LENGTHS_PLOT, FRONT_PLOT, REPORT_FILE, DELTAS_BEST, PROCESSOR_BEST,
-        fingerprint_path(Path(DELTAS_BEST)).name, LOG_NAME,
+        HISTORY_FILE, TREE_FILE, TREE_PLOT, FITNESS_PLOT, LENGTHS_PLOT, FRONT_PLOT, REPORT_FILE, DELTAS_BEST,
+        PROCESSOR_BEST, fingerprint_path(Path(DELTAS_BEST)).name, LOG_NAME,
     }
     return frozenset(shared.union(*(load_strategy(name).OUTPUT_FILES for name in strategy_names())))
 

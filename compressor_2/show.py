@@ -19,13 +19,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from compressor_2.archive.database import ARCHIVE_FILE, Answer, Candidate, CheckResult, RunArchive, genome_key
+from compressor_2.archive.database import ARCHIVE_FILE, Answer, Candidate, CheckResult, CheckStore, RunArchive, genome_key
 from compressor_2.config import Config
 from compressor_2.errors import ConfigError
 from compressor_2.fitness import example_key
 from compressor_2.json_values import as_float, shown
-from compressor_2.run.checks import BASELINE_ID, HELDOUT, best_point, candidate_points, training_baseline
-from compressor_2.run.front import pareto_front
+from compressor_2.run.checks import BASELINE_ID, standing
 from compressor_2.run.report import status
 from compressor_2.strategies.archive import VIABILITY_META
 
@@ -49,27 +48,42 @@ def run_show(config: Config, candidate_id: int | None, front: bool = False) -> N
 def front_table(archive: RunArchive) -> str:
     """The tokens-versus-correctness front on the training pool, shortest first, with the
     baseline and, once the held-out check ran, each one's held-out tokens and correctness."""
-    front = pareto_front(candidate_points(archive))
+    now = standing(archive)
+    front = now.front()
     if not front:
         return "the front is empty: no candidate has been assessed yet"
-    best, baseline = best_point(archive), training_baseline(archive)
-    heldout = archive.checks(HELDOUT)
-    genomes = {c.id: genome_key(list(c.deltas.values())) for c in archive.candidates()}
-    lines = [f"the front on the training pool ({len(front)} of {len(candidate_points(archive))} candidates: "
+    best, baseline = now.best, now.baseline
+    lines = [f"the front on the training pool ({len(front)} of {len(now.points)} candidates: "
              "none has fewer tokens and is at least as correct), shortest first:",
              f"{'id':>7}  {'tokens':>7}  {'correct':>8}  {'fitness':>8}  {'held-out tokens':>15}  {'correct':>8}"]
-    for p in front:
+    for p, held in front:
         mark = " (best)" if best is not None and p.id == best.id else ""
         lines.append(f"{'#' + str(p.id):>7}  {p.tokens:7.1f}  {100 * p.correctness:7.1f}%  {p.fitness:8.4f}  "
-                     f"{_held(heldout.get(genomes[p.id]))}{mark}")
+                     f"{_held(held)}{mark}")
     if baseline is not None:
-        zeros = genome_key([0.0] * len(next(iter(archive.candidates())).deltas))
         where = f"#{baseline.id}" if baseline.id != BASELINE_ID else "checked apart"
-        held = heldout.get(zeros)
+        held = now.heldout.get(now.zeros or "")
         lines.append(f"baseline ({where}): {baseline.tokens:.1f} tokens, {100 * baseline.correctness:.1f}% correct, "
                      f"fitness {baseline.fitness:.4f}" + (f"; held out {held.mean_tokens:.1f} tokens, "
                                                           f"{100 * held.correctness:.1f}% correct" if held else ""))
     return "\n".join(lines)
+
+
+def _viability(archive: RunArchive) -> dict[str, float] | None:
+    """The archive strategy's viability rule as it recorded it, None when it recorded none;
+    a row a hand edit broke is refused in one line."""
+    stored = archive.meta(VIABILITY_META)
+    if stored is None:
+        return None
+    try:
+        rule = json.loads(stored)
+    except ValueError:
+        rule = None
+    keys = ("threshold", "min_correctness", "seed_correctness")
+    if not isinstance(rule, dict) or any(as_float(rule.get(key)) is None for key in keys):
+        raise ConfigError(f"'{archive.path}' table meta, row {VIABILITY_META}: not the viability rule (numbers "
+                          f"{', '.join(keys)}); delete that row, and the next evolve records it again")
+    return {key: float(rule[key]) for key in keys}
 
 
 def _held(result: CheckResult | None) -> str:
@@ -149,7 +163,7 @@ def summary(archive: RunArchive) -> str:
     if feedback:
         kept = sorted((c for c in candidates if c.status == "evaluated" and c.fitness is not None),
                       key=lambda c: (-(c.fitness or 0.0), c.id))
-        rule = json.loads(archive.meta(VIABILITY_META) or "null")
+        rule = _viability(archive)
         threshold = rule["threshold"] if rule else 0.0
         if rule:
             viable = sum((c.correctness or 0.0) >= threshold for c in kept)
@@ -203,7 +217,7 @@ def answers_side_by_side(config: Config, archive: RunArchive, candidate: Candida
     mine = archive.answers_for(genome_key(list(candidate.deltas.values())), context)
     zeros = genome_key([0.0] * len(candidate.deltas))
     # The baseline is the search's all-zero candidate, or was measured apart by the checks.
-    baseline = {**archive.answers_for(zeros, context, table="check_answers"), **archive.answers_for(zeros, context)}
+    baseline = CheckStore(archive).answers_for(zeros, context)
     label = "unsteered"
     if not baseline:
         initial = next(iter(archive.candidates("operator = 'initial'")), None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import sqlite3
 from dataclasses import replace
 
 import networkx as nx
@@ -243,6 +244,10 @@ def test_only_viable_candidates_become_parents(tmp_path, shared, tiny_model_dir,
     shown = capsys.readouterr().out
     assert "viability: correctness >= 90.0% (0.9 x the seed candidate's 100.0%); 1 of " in shown
     assert any(line.strip().startswith("#2 ") and line.endswith("(not viable)") for line in shown.splitlines())
+    with sqlite3.connect(out / "run.sqlite") as db:  # a hand edit that broke the rule
+        db.execute("UPDATE meta SET value = '{\"threshold\": \"high\"}' WHERE key = 'archive_viability'")
+    assert main(["show", "--config", str(tmp_path / "test.config")]) == 2
+    assert "table meta, row archive_viability: not the viability rule" in capsys.readouterr().err
 
 
 @pytest.mark.slow

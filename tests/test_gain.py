@@ -211,6 +211,18 @@ def test_export_a_chosen_candidate_and_refuse_a_run_file(export_run, capsys):
     assert "export --candidate 99: no such candidate" in capsys.readouterr().err
 
 
+def test_export_refuses_a_broken_sidecar_of_the_best_deltas(export_run, capsys):
+    """The sidecar names the clusters the run evolved on: a hand-broken one is refused, never
+    silently replaced by the current clusters' digest."""
+    config, _ = export_run
+    out = config.parent / "out"
+    (out / "deltas_best.clusters.json").write_text("{}")
+    assert main(["export", "--config", str(config), "--candidate", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "deltas_best.clusters.json' holds {}" in err and "rerun evolve, which rewrites it" in err
+    assert not (out / "deltas_candidate_5.json").exists()
+
+
 def test_a_drop_no_candidate_meets_is_one_line_and_exit_2(tmp_path, shared, tiny_model_dir, uninterrupted, capsys):
     del uninterrupted
     ids = list(read_json(shared / "clusters" / "initial_deltas.json"))

@@ -19,7 +19,7 @@ from compressor_2.reflector.prompt_log import PromptLog
 from compressor_2.reflector.prompts import (
     MUTATION_SYSTEM, merge_messages, mutation_messages, responses_block, substitute,
 )
-from compressor_2.reflector.validation import ValidatingReflector, parse_mutation
+from compressor_2.reflector.validation import InvalidOutput, ValidatingReflector, parse_mutation, parse_vector
 
 DESCRIPTIONS = {"0": {"description": "EOS"}, "1": {"description": "numbers"}, "2": {"description": "words"}}
 
@@ -164,6 +164,65 @@ def test_every_attempt_is_logged_with_its_messages_and_verdict(tmp_path: Path):
     scripted(["bad", "bad"], log).merge(MergeRequest(4, 1, (0, 3), "a", 0.5, "b", 0.4))
     merge_log = (tmp_path / "reflector_prompts" / "gen_4_merge_child1_attempt2.txt").read_text()
     assert "parent_a: 0\nparent_b: 3\n" in merge_log and "## Parent A (fitness: 0.5000)" in merge_log
+
+
+# -- hostile replies (issue T): no key in a verdict or the prompt log, no crash on a long number --
+
+LONG_KEY = "sk-proj-" + "Ab3Xy9" * 25 + "Q7z"  # 161 characters, as OpenAI's project keys run
+
+
+def test_a_key_echoed_in_a_refused_value_is_masked_before_it_is_cut(tmp_path: Path):
+    """`delta` quoting the Authorization header: its repr runs past the 80 characters a
+    refused value is shown in, so a cut before the mask kept the key's first 56 characters."""
+    from compressor_2.api_key import remember
+
+    remember(LONG_KEY)
+    verdicts: list[str] = []
+    log = PromptLog(tmp_path / "reflector_prompts", "scripted")
+    reply = json.dumps({"delta": f"Authorization: Bearer {LONG_KEY}", "scratchpad": "s"})
+    reflector = ValidatingReflector(ScriptedProposer([reply, reply]), DESCRIPTIONS, 100, log,
+                                    lambda call: verdicts.append(call.verdict))
+    result = reflector.mutate(mutation_request(generation=5, child=0))
+    assert result.delta is None and len(verdicts) == 2
+    written = (tmp_path / "reflector_prompts" / "gen_5_mutation_child0_attempt1.txt").read_text()
+    for text in [*result.rejected, *verdicts, written]:
+        assert LONG_KEY[:20] not in text
+    assert result.rejected[0] == "delta is 'Authorization: Bearer ***', not a finite number"
+
+
+def test_a_key_across_the_prompt_logs_cut_is_masked_before_it_is_cut(tmp_path: Path):
+    from compressor_2.api_key import remember
+    from compressor_2.reflector.limits import REPLY_LOG_MAX_CHARS
+
+    remember(LONG_KEY)
+    reply = "x" * (REPLY_LOG_MAX_CHARS - 40) + f" {LONG_KEY} " + "y" * 500  # the key straddles the cut
+    log = PromptLog(tmp_path / "reflector_prompts", "scripted")
+    scripted([reply, reply], log).mutate(mutation_request(generation=6, child=1))
+    written = (tmp_path / "reflector_prompts" / "gen_6_mutation_child1_attempt1.txt").read_text()
+    assert LONG_KEY[:20] not in written
+    assert "***" in written and "more characters]" in written  # masked, and still capped
+
+
+DIGITS_400, DIGITS_5000 = "9" * 400, "9" * 5000  # a float's range ends near 10**308; json's ints at 4,300 digits
+
+
+@pytest.mark.parametrize("digits", [DIGITS_400, DIGITS_5000], ids=["400 digits", "5,000 digits"])
+def test_a_delta_too_long_for_a_float_is_rejected_not_a_crash(digits):
+    reply = Reply(f'{{"delta": {digits}, "scratchpad": "s"}}', Usage())
+    with pytest.raises(InvalidOutput):
+        parse_mutation(reply, 0.5)
+    result = scripted([reply.content, '{"delta": 2, "scratchpad": "second try"}']).mutate(mutation_request())
+    assert (result.delta, result.attempts) == (2.0, 2)
+    assert ("not a finite number" if digits == DIGITS_400 else "number too long") in result.rejected[0]
+
+
+@pytest.mark.parametrize("digits", [DIGITS_400, DIGITS_5000], ids=["400 digits", "5,000 digits"])
+def test_a_vector_delta_too_long_for_a_float_is_rejected_not_a_crash(digits):
+    reply = Reply(f'{{"deltas": {{"0": 1, "1": {digits}, "2": 0}}, "summary": "s"}}', Usage())
+    with pytest.raises(InvalidOutput, match="not a finite number" if digits == DIGITS_400 else "number too long"):
+        parse_vector(reply, {"0": 0.0, "1": 0.0, "2": 0.0})
+    assert parse_vector(Reply('{"deltas": {"0": 1, "1": 2, "2": 0}, "summary": "s"}', Usage()),
+                        {"0": 0.0, "1": 0.0, "2": 0.0}) == ({"0": 1.0, "1": 2.0, "2": 0.0}, "s")
 
 
 # -- the local proposer ---------------------------------------------------------------------

@@ -4,6 +4,7 @@ protocol, loading the real processor string and applying the real custom_params)
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import re
@@ -12,13 +13,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+from tokenizers import processors
 from transformers import AutoTokenizer
 
 from compressor_2.clusters.clusterset import ClusterSet
 from compressor_2.config import Config
 from compressor_2.engines.base import Generation, GenerationRequest
-from compressor_2.engines.chat import encode_prompt
-from compressor_2.engines.sglang_engine import PROBE_TOKENS, SGLangEngine
+from compressor_2.engines.chat import chat_prompt, encode_prompt
+from compressor_2.engines.sglang_engine import PROBE_PROMPT, PROBE_TOKENS, SGLangEngine
 from compressor_2.engines.sglang_server import SGLangServer
 from compressor_2.errors import ConfigError, RunError
 from tests.sglang_helpers import (
@@ -378,6 +380,24 @@ def test_a_server_that_tokenizes_the_text_into_other_ids_is_refused_naming_the_f
     assert "(first difference at position 1: server [0, " in message
     assert "a second BOS" in message and "CONFIG_SGLANG_API=generate with the workers' URLs" in message
     assert len(logged_requests(log, "/v1/completions")) == 1  # refused at the first answer
+
+
+def test_a_probe_prompt_without_a_text_form_is_refused_on_completions_before_any_request(
+        clusters, tiny_model_dir, tmp_path: Path):
+    # A tokenizer that appends EOS to every text it tokenizes with special tokens: no text
+    # turns into the templated prompt's ids, so /v1/completions cannot carry it.
+    tokenizer = AutoTokenizer.from_pretrained(chat_model(tiny_model_dir, tmp_path / "eos_after", adds_bos=False))
+    eos = tokenizer.eos_token
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"$A {eos}", special_tokens=[(eos, tokenizer.eos_token_id)])
+    assert chat_prompt(tokenizer, PROBE_PROMPT).text is None
+    # Nothing listens there: a request would fail with a RunError, not the ConfigError.
+    dead = f"http://127.0.0.1:{free_port()}"
+    engine = SGLangEngine([dead], clusters, functools.partial(chat_prompt, tokenizer), temperature=0.0,
+                          max_new_tokens=MAX_NEW, concurrency=1, request_timeout=5.0, api="completions")
+    with pytest.raises(ConfigError, match=r"^the steering probe: no text tokenizes into this prompt's ids .*"
+                                          r"CONFIG_SGLANG_API=generate"):
+        engine.check_steering()
 
 
 def test_a_server_preferring_a_field_completions_cannot_state_is_refused_on_that_path_only(

@@ -618,6 +618,11 @@ class CheckStore:
     def store(self, answers: Mapping[tuple[str, str], Answer], context: str, cache_hits: int) -> None:
         self.archive.store(answers, context, cache_hits, table="check_answers")
 
+    def answers_for(self, genome: str, context: str) -> dict[str, Answer]:
+        """Every answer of `genome` under `context` the checks see, by example key."""
+        return {**self.archive.answers_for(genome, context, table="check_answers"),
+                **self.archive.answers_for(genome, context)}
+
 
 def _table(name: str) -> str:
     """Table names are never user input, but the f-strings above would take any."""

@@ -103,7 +103,7 @@ def _up_to_date(paths: ArtifactPaths, record: dict[str, Any], started: float) ->
     if not paths.initial_deltas.exists():
         record["initial_deltas"] = _sync_initial_deltas(paths, clusters.cluster_ids, digest, record)
         atomic_write_json(paths.record, record)
-    elif _is_ours(paths, record) and not fingerprint_path(paths.initial_deltas).exists():
+    elif not fingerprint_path(paths.initial_deltas).exists() and _is_ours(paths, record):
         write_fingerprint(paths.initial_deltas, digest)  # a file an earlier version wrote without one
     print(f"clusters up to date: {len(clusters.token_clusters):,} tokens in {len(clusters.cluster_ids)} "
           f"clusters ({paths.cluster_dir}, {time.perf_counter() - started:.1f}s)")
@@ -222,11 +222,11 @@ def _sync_initial_deltas(paths: ArtifactPaths, cluster_ids: tuple[str, ...], dig
     maybe other cluster ids). A file the user wrote is left alone, with a warning when its
     ids no longer match. Returns the record entry of a file this build owns."""
     path = paths.initial_deltas
-    current = None if not path.exists() else file_sha256(path) if path.is_file() else "not a file"
-    if current is None or _is_ours(paths, previous):
+    absent = not path.exists()
+    if absent or _is_ours(paths, previous):
         atomic_write_json(path, {cid: 0.0 for cid in cluster_ids})
         write_fingerprint(path, digest)
-        if current is None:
+        if absent:
             print(f"wrote all-zero initial deltas to {path}")
         return {"path": str(path), "sha256": file_sha256(path) or ""}
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -19,8 +20,10 @@ class AnswerTokens:
     """Token ids, lengths and per-cluster histograms of texts, each text tokenised once.
     Safe to share between threads (a fast tokenizer is not)."""
 
-    def __init__(self, tokenizer: Any, token_clusters: np.ndarray, num_clusters: int) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer: Any, token_clusters: np.ndarray, num_clusters: int,
+                 load: Callable[[], Any] | None = None) -> None:
+        self.tokenizer = tokenizer  # None until `load` gives it, at the first text
+        self._load = load
         self.token_clusters = np.asarray(token_clusters, dtype=np.int64)
         self.num_clusters = num_clusters
         self._lock = threading.Lock()
@@ -28,14 +31,20 @@ class AnswerTokens:
 
     @classmethod
     def from_config(cls, config: Config, clusters: ClusterSet) -> AnswerTokens:
-        from transformers import AutoTokenizer
+        """One a run, shared by the local reflector and the strategies; the model's tokenizer
+        is loaded at the first text, so a run in which neither retokenises never loads it."""
+        def load() -> Any:
+            from transformers import AutoTokenizer
 
-        return cls(AutoTokenizer.from_pretrained(config.model_path), clusters.token_clusters,
-                   len(clusters.cluster_ids))
+            return AutoTokenizer.from_pretrained(config.model_path)
+
+        return cls(None, clusters.token_clusters, len(clusters.cluster_ids), load)
 
     def ids(self, text: str) -> np.ndarray:
         with self._lock:
             if text not in self._ids:
+                if self.tokenizer is None and self._load is not None:
+                    self.tokenizer = self._load()
                 self._ids[text] = np.asarray(self.tokenizer(text, add_special_tokens=False)["input_ids"],
                                              dtype=np.int64)
             return self._ids[text]

@@ -8,6 +8,7 @@ values, each failure naming `CONFIG_<NAME>`.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import sys
@@ -43,9 +44,19 @@ def read_config(path: Path) -> Reader:
 def choice_names(prefix: str) -> tuple[str, ...]:
     """Every entry `PREFIX_NAME` of the choice whose symbols start with `prefix`, as `name`,
     in Kconfig's order: a new entry in Kconfig needs no list in the code."""
-    kconf = kconfiglib.Kconfig(str(KCONFIG_PATH), warn_to_stderr=False)
-    choice = next(sym.choice for name, sym in kconf.syms.items() if name.startswith(prefix) and sym.choice)
+    return _choice_names(KCONFIG_PATH, prefix)
+
+
+@functools.cache
+def _choice_names(kconfig: Path, prefix: str) -> tuple[str, ...]:
+    """Parsed once a process: every file a command writes asks (through `owned_files`)."""
+    choice = _choice(kconfiglib.Kconfig(str(kconfig), warn_to_stderr=False), prefix)
     return tuple(sym.name.removeprefix(prefix).lower() for sym in choice.syms)
+
+
+def _choice(kconf: kconfiglib.Kconfig, prefix: str) -> kconfiglib.Choice:
+    """The choice whose symbols start with `prefix`."""
+    return next(sym.choice for name, sym in kconf.syms.items() if name.startswith(prefix) and sym.choice is not None)
 
 
 def _check_readable(path: Path) -> None:
@@ -131,9 +142,7 @@ class Reader:
     def choice_suffix(self, prefix: str) -> str:
         """The selected `PREFIX_NAME` symbol of the choice whose symbols start with
         `prefix`, as `name`: a new entry in Kconfig needs no list here."""
-        choice = next(sym.choice for name, sym in self._kconf.syms.items()
-                      if name.startswith(prefix) and sym.choice is not None)
-        return choice.selection.name.removeprefix(prefix).lower()
+        return _choice(self._kconf, prefix).selection.name.removeprefix(prefix).lower()
 
 
 def _check_kconfig_warnings(kconf: kconfiglib.Kconfig) -> None:

@@ -30,9 +30,10 @@ SELECTIONS = ("tournament", "truncation", "llm")
 FALLBACK_SELECTIONS = ("tournament", "truncation")
 MUTATION_SCOPES = ("cluster", "vector")
 MAX_POPULATION = 100_000
-MAX_STEPS = 1_000_000  # generations (Kconfig ranges the other strategies' step counts alike)
+MAX_STEPS = 1_000_000  # generations (Kconfig's ranges bound the other strategies' step counts)
 MAX_WALL_MINUTES = 1e9
 MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 100.0
+INDICES = r"all|\d+(-\d+)?(\s*,\s*\d+(-\d+)?)*"  # a pool's or held-out set's lines: 'all' or '0,3,5-9'
 
 
 @dataclass(frozen=True)
@@ -202,8 +203,6 @@ def _build(r: Reader) -> Config:
     require(total > 0, "CONFIG_LAMBDA_SHORTNESS and CONFIG_LAMBDA_CORRECTNESS are both 0")
 
     wall_minutes = r.number("MAX_WALL_MINUTES", 0, MAX_WALL_MINUTES)
-    idle_steps = r.integer("MAX_IDLE_STEPS")
-    require(idle_steps >= 1, f"CONFIG_MAX_IDLE_STEPS={idle_steps} must be at least 1")
     temperature = r.number("TEMPERATURE", 0, MAX_TEMPERATURE)
     require(temperature == 0 or temperature >= MIN_TEMPERATURE,
             f"CONFIG_TEMPERATURE={r.raw('TEMPERATURE')} must be 0 (greedy) or {interval(MIN_TEMPERATURE, MAX_TEMPERATURE)}: "
@@ -213,13 +212,13 @@ def _build(r: Reader) -> Config:
 
     pool = r.string("FINANCEBENCH_POOL_INDICES").strip()
     require(
-        re.fullmatch(r"all|\d+(-\d+)?(\s*,\s*\d+(-\d+)?)*", pool) is not None,
+        re.fullmatch(INDICES, pool) is not None,
         f"CONFIG_FINANCEBENCH_POOL_INDICES={pool!r} must be 'all' or indices/ranges like '0,3,5-9'",
     )
     holdout_data = r.string("HOLDOUT_DATA").strip()
     holdout_indices = r.string("HOLDOUT_INDICES").strip()
     require(
-        holdout_indices == "" or re.fullmatch(r"all|\d+(-\d+)?(\s*,\s*\d+(-\d+)?)*", holdout_indices) is not None,
+        holdout_indices == "" or re.fullmatch(INDICES, holdout_indices) is not None,
         f"CONFIG_HOLDOUT_INDICES={holdout_indices!r} must be empty, 'all' or indices/ranges like '64-99'",
     )
     template = r.string("PROMPT_TEMPLATE_PATH").strip()
@@ -235,6 +234,7 @@ def _build(r: Reader) -> Config:
                  "FINANCEBENCH_JSONL_PATH", "EMBEDDING_MODEL"):
         require(r.string(name).strip() != "", f"CONFIG_{name} is empty")
 
+    strategy = r.choice_suffix("STRATEGY_")
     return Config(
         output_dir=Path(r.string("OUTPUT_DIR")),
         cluster_dir=Path(r.string("CLUSTER_DIR")),
@@ -283,15 +283,15 @@ def _build(r: Reader) -> Config:
         reflector_concurrency=r.integer("REFLECTOR_CONCURRENCY"),
         reflector_answer_max_chars=r.integer("REFLECTOR_ANSWER_MAX_CHARS"),
         local_reflector_step=r.number("LOCAL_REFLECTOR_STEP", 1e-6, MAX_LOGITS),
-        strategy=r.choice_suffix("STRATEGY_"),
+        strategy=strategy,
         max_metric_calls=r.integer("MAX_METRIC_CALLS"),
         max_reflector_tokens=r.integer("MAX_REFLECTOR_TOKENS"),
         max_wall_minutes=wall_minutes,
-        max_idle_steps=idle_steps,
-        archive=archive_options(r) if r.choice_suffix("STRATEGY_") == "archive" else None,
-        gepa=gepa_options(r, r.integer("MAX_METRIC_CALLS")) if r.choice_suffix("STRATEGY_") == "gepa" else None,
-        random=random_options(r) if r.choice_suffix("STRATEGY_") == "random" else None,
-        cmaes=cmaes_options(r) if r.choice_suffix("STRATEGY_") == "cmaes" else None,
+        max_idle_steps=r.integer("MAX_IDLE_STEPS"),
+        archive=archive_options(r) if strategy == "archive" else None,
+        gepa=gepa_options(r, r.integer("MAX_METRIC_CALLS")) if strategy == "gepa" else None,
+        random=random_options(r) if strategy == "random" else None,
+        cmaes=cmaes_options(r) if strategy == "cmaes" else None,
         seed=r.integer("SEED"),
         population_size=population,
         ngen=ngen,

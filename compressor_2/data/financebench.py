@@ -48,11 +48,12 @@ def parse_indices(spec: str, n: int, source: str) -> list[int]:
 
 
 def load_examples(path: Path, indices: str = "all", template: str = DEFAULT_TEMPLATE,
-                  max_evidence_chars: int = 0) -> list[Example]:
+                  max_evidence_chars: int = 0, setting: str = "") -> list[Example]:
     """The examples at `indices` (0-based, counting non-blank lines) of the JSONL at `path`.
-    Every line is validated, so a broken file fails whatever the selection."""
+    Every line is validated, so a broken file fails whatever the selection. `setting` names
+    the option `indices` came from, for its errors."""
     records = _read_records(path)
-    chosen = parse_indices(indices, len(records), f"indices for '{path}'")
+    chosen = parse_indices(indices, len(records), f"{setting + ': ' if setting else ''}indices for '{path}'")
     return [_example(records[i], template, max_evidence_chars) for i in chosen]
 
 
@@ -63,6 +64,7 @@ def examples_from_config(config: Config, indices: str | None = None) -> list[Exa
         config.pool_indices if indices is None else indices,
         load_template(config.prompt_template_path),
         config.evidence_max_chars,
+        "CONFIG_FINANCEBENCH_POOL_INDICES" if indices is None else "",
     )
 
 
@@ -75,7 +77,7 @@ def holdout_examples(config: Config, pool: Sequence[Example]) -> list[Example]:
     source = "CONFIG_HOLDOUT_INDICES" if config.holdout_data is None else "CONFIG_HOLDOUT_DATA"
     examples = load_examples(config.holdout_data or config.financebench_jsonl_path,
                              config.holdout_indices or "all", load_template(config.prompt_template_path),
-                             config.evidence_max_chars)
+                             config.evidence_max_chars, "CONFIG_HOLDOUT_INDICES")
     ids, prompts = {ex.id for ex in pool}, {ex.prompt for ex in pool}
     for ex in examples:
         if ex.id in ids or ex.prompt in prompts:

@@ -29,7 +29,7 @@ import numpy as np
 
 from compressor_2.config.sglang import check_addresses, check_loopback
 from compressor_2.engines.base import Generation, GenerationRequest, Progress
-from compressor_2.engines.chat import ChatPrompt, chat_prompt
+from compressor_2.engines.chat import ChatPrompt, chat_prompt, prompt_label
 from compressor_2.engines.sglang_api import APIS, Api, Reply
 from compressor_2.engines.sglang_facts import (
     STATED_SAMPLING,
@@ -123,11 +123,6 @@ def _error_message(response: httpx.Response) -> str:
         if "message" in body:
             return str(body["message"])
     return response.text[:300]
-
-
-def _prompt_label(prompt: str) -> str:
-    # The prompt's end is the question in the default template: it names the example.
-    return f"prompt ending {prompt[-60:]!r}"
 
 
 class SGLangEngine:
@@ -252,9 +247,13 @@ class SGLangEngine:
         """Tokenize every prompt and refuse, naming the example, one whose answer would not fit
         the served context (SGLang answers 400, or silently cuts the answer short)."""
         for example_id, prompt in prompts.items():
-            label = f"example {example_id} ({_prompt_label(prompt)})"
-            self._check_sendable(label, self._prompt(prompt))
-            self._check_fits(label, self._prompt(prompt).ids)
+            self._check_prompt(f"example {example_id} ({prompt_label(prompt)})", self._prompt(prompt))
+
+    def _check_prompt(self, label: str, prompt: ChatPrompt) -> None:
+        """Refuse, naming `label`, a prompt this run cannot send: one without a text form on
+        /v1/completions, or one whose answer would not fit the served context."""
+        self._check_sendable(label, prompt)
+        self._check_fits(label, prompt.ids)
 
     def _check_sendable(self, label: str, prompt: ChatPrompt) -> None:
         if prompt.text is None and self.api.name == "completions":
@@ -291,14 +290,16 @@ class SGLangEngine:
         then -1000; every token of the first must come from that cluster, and no token
         of the second.
         """
+        # First: building a body for a prompt without a text form on /v1/completions raises a
+        # bare ValueError (CompletionsApi.body), where this names the probe and the fix.
+        prompt = self._prompt(PROBE_PROMPT)
+        self._check_sendable("the steering probe", prompt)
         cluster = self._probe_cluster()
         members = set(np.flatnonzero(self.clusters.token_clusters == cluster).tolist())
         probes = self.probe_bodies(cluster)
         name = self.clusters.cluster_ids[cluster]
         direct = [url for url in self.urls if url not in self.routers]
         workers = [worker for listed in self.routers.values() for worker in listed]
-        prompt = self._prompt(PROBE_PROMPT)
-        self._check_sendable("the steering probe", prompt)
         with httpx.Client(timeout=self.request_timeout) as client:
             for url in [*direct, *workers, *self.routers]:
                 try:
@@ -372,11 +373,10 @@ class SGLangEngine:
         for i, request in enumerate(requests):
             if len(request.deltas) != width:
                 raise ValueError(f"request {i}: {len(request.deltas)} deltas for {width} clusters")
-        labels = [f"request {i} ({_prompt_label(request.prompt)})" for i, request in enumerate(requests)]
+        labels = [f"request {i} ({prompt_label(request.prompt)})" for i, request in enumerate(requests)]
         prompts = [self._prompt(request.prompt) for request in requests]
         for label, prompt in zip(labels, prompts):
-            self._check_sendable(label, prompt)
-            self._check_fits(label, prompt.ids)
+            self._check_prompt(label, prompt)
         bodies = [self.request_body(request) for request in requests]
         results: list[Generation | None] = [None] * len(requests)
         pending = list(range(len(requests)))

@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessorList, PreTrainedModel
 
 from compressor_2.engines.base import Generation, GenerationRequest, Progress
-from compressor_2.engines.chat import encode_prompt
+from compressor_2.engines.chat import encode_prompt, prompt_label
 from compressor_2.errors import ConfigError
 from compressor_2.steering.hf_processor import DeltaBiasProcessor
 
@@ -156,9 +156,8 @@ class TransformersEngine:
             return
         for i, ids in enumerate(encoded):
             if len(ids) + self.max_new_tokens > self.context:
-                # The prompt's end is the question in the default template: it names the example.
                 raise ConfigError(
-                    f"request {i} (prompt ending {requests[i].prompt[-60:]!r}): a prompt of "
+                    f"request {i} ({prompt_label(requests[i].prompt)}): a prompt of "
                     f"{len(ids)} tokens plus CONFIG_MAX_NEW_TOKENS="
                     f"{self.max_new_tokens} exceeds the model's context of {self.context} tokens; "
                     "lower CONFIG_EVIDENCE_MAX_CHARS or CONFIG_MAX_NEW_TOKENS"

@@ -159,7 +159,8 @@ class Abandoned(Exception):
 
 @dataclass(frozen=True)
 class Reply:
-    """One raw attempt: JSON text, or None with `error` when the call itself failed."""
+    """One raw attempt: JSON text, or None with `error` when the call itself failed. The
+    proposer gives `error` as it may be stored: masked and capped (`limits.note`)."""
 
     content: str | None
     usage: Usage

@@ -9,12 +9,12 @@ run archive, a state file, the history or the prompt log holds it.
   full-vector summary before it joins the scratchpad) keeps its first TEXT_MAX_CHARS;
 - the raw reply in the prompt log keeps its first REPLY_LOG_MAX_CHARS, and an API error
   or a rejection's reason its first NOTE_MAX_CHARS; a refused value is shown in at most
-  SHOWN_CHARS.
+  SHOWN_CHARS (`json_values.shown`).
+
+Every text is masked before it is cut: a key cut in two no longer matches the mask.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from compressor_2.api_key import scrub
 
@@ -53,8 +53,3 @@ def kept_text(text: str) -> str:
 def note(text: str) -> str:
     """An API error or a rejection's reason as it may be stored."""
     return keep_first(scrub(text), NOTE_MAX_CHARS)
-
-
-def shown(value: Any) -> str:
-    """A refused value inside a rejection's reason."""
-    return keep_first(repr(value), SHOWN_CHARS)

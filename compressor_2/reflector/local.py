@@ -35,7 +35,7 @@ import random
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -43,10 +43,6 @@ from compressor_2.clusters.tokens import AnswerTokens
 from compressor_2.reflector.base import (
     MergeRequest, Message, MutationRequest, Reply, SelectionRequest, Usage, VectorRequest,
 )
-
-if TYPE_CHECKING:
-    from compressor_2.clusters.build import ClusterSet
-    from compressor_2.config import Config
 
 EOS_CLUSTER = "0"
 DELTA_LIMIT = 30.0  # beyond this a logit bias only saturates
@@ -141,10 +137,6 @@ class LocalProposer:
         self.tokens = tokens
         self.initial_step = initial_step
         self.seed = seed
-
-    @classmethod
-    def from_config(cls, config: Config, clusters: ClusterSet) -> LocalProposer:
-        return cls(AnswerTokens.from_config(config, clusters), config.local_reflector_step, config.seed)
 
     def close(self) -> None:
         """Holds nothing that needs releasing."""

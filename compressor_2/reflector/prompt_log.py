@@ -1,6 +1,6 @@
 """One text file per reflector attempt under output_dir/reflector_prompts/ (seed 000 §8):
-the exact messages, the raw reply (its first REPLY_LOG_MAX_CHARS characters) and the
-verdict. Headers, keys and URLs never appear."""
+the exact messages, the raw reply (its first REPLY_LOG_MAX_CHARS characters, masked
+before it is cut) and the verdict. Headers, keys and URLs never appear."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ class PromptLog:
         for message in messages:
             parts += [f"===== {message['role']} =====", message["content"]]
         parts += ["===== reply =====",
-                  keep_first(reply.content, REPLY_LOG_MAX_CHARS) if reply.content is not None
+                  keep_first(scrub(reply.content), REPLY_LOG_MAX_CHARS) if reply.content is not None
                   else f"(call failed: {reply.error})",
                   "===== verdict =====", verdict,
                   f"usage: prompt_tokens={reply.usage.prompt_tokens} "

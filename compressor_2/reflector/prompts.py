@@ -14,6 +14,7 @@ from compressor_2.fitness import Record
 from compressor_2.reflector.base import (
     MergeRequest, Message, MutationRequest, PopulationMember, SelectionRequest, VectorRequest,
 )
+from compressor_2.reflector.limits import keep_first
 
 if TYPE_CHECKING:
     from compressor_2.config import Config
@@ -223,9 +224,7 @@ def responses_block(records: Sequence[Record], answer_max_chars: int) -> str:
     answer, capped at `answer_max_chars` characters."""
     blocks = []
     for n, record in enumerate(records, 1):
-        answer = record.answer
-        if len(answer) > answer_max_chars:
-            answer = f"{answer[:answer_max_chars]} [... {len(answer) - answer_max_chars} more characters]"
+        answer = keep_first(record.answer, answer_max_chars)
         blocks.append(
             f"### Example {n} of {len(records)}: id {record.id}\n"
             f"correct: {'yes' if record.is_correct else 'no'}\n"

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from compressor_2.archive.database import CallRecord
+from compressor_2.clusters.tokens import AnswerTokens
 from compressor_2.reflector.base import Proposer
 from compressor_2.reflector.prompt_log import PROMPT_DIR, PromptLog
 from compressor_2.reflector.validation import ValidatingReflector
@@ -15,17 +16,18 @@ if TYPE_CHECKING:
     from compressor_2.clusters.build import ClusterSet
     from compressor_2.config import Config
 
-ProposerFactory = Callable[["Config", "ClusterSet"], Proposer]
+# (config, the run's answers retokenised through the cluster map) -> a proposer
+ProposerFactory = Callable[["Config", AnswerTokens], Proposer]
 
 
-def _local(config: Config, clusters: ClusterSet) -> Proposer:
+def _local(config: Config, tokens: AnswerTokens) -> Proposer:
     from compressor_2.reflector.local import LocalProposer
 
-    return LocalProposer.from_config(config, clusters)
+    return LocalProposer(tokens, config.local_reflector_step, config.seed)
 
 
-def _openai(config: Config, clusters: ClusterSet) -> Proposer:
-    del clusters
+def _openai(config: Config, tokens: AnswerTokens) -> Proposer:
+    del tokens
     from compressor_2.reflector.openai_reflector import OpenAIProposer
 
     return OpenAIProposer.from_config(config)
@@ -34,11 +36,12 @@ def _openai(config: Config, clusters: ClusterSet) -> Proposer:
 PROPOSERS: dict[str, ProposerFactory] = {"local": _local, "openai": _openai}
 
 
-def make_reflector(config: Config, clusters: ClusterSet,
-                   recorder: Callable[[CallRecord], None] | None = None) -> ValidatingReflector:
+def make_reflector(config: Config, clusters: ClusterSet, recorder: Callable[[CallRecord], None] | None = None,
+                   tokens: AnswerTokens | None = None) -> ValidatingReflector:
     """The configured reflector, every attempt logged under output_dir/reflector_prompts/
-    and, with a `recorder`, in the run archive. The caller closes it."""
-    proposer = PROPOSERS[config.reflector](config, clusters)
+    and, with a `recorder`, in the run archive. `tokens`: the run's, when the strategy
+    retokenises answers too. The caller closes it."""
+    proposer = PROPOSERS[config.reflector](config, tokens or AnswerTokens.from_config(config, clusters))
     label = f"openai {config.reflector_model}" if config.reflector == "openai" else proposer.name
     log = PromptLog(config.output_dir / PROMPT_DIR, label)
     return ValidatingReflector(proposer, clusters.descriptions, config.reflector_answer_max_chars, log, recorder,

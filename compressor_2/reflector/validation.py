@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -31,6 +30,7 @@ from typing import Any, TypeVar
 
 from compressor_2.archive.database import CallRecord
 from compressor_2.errors import ReflectorUnavailable
+from compressor_2.json_values import as_float, shown
 from compressor_2.reflector import limits
 from compressor_2.reflector.base import (
     Abandoned, MergeRequest, MergeResult, MutationRequest, MutationResult, Outstanding, Proposer, Reply, Selected,
@@ -59,6 +59,8 @@ def _json_object(reply: Reply) -> dict[str, Any]:
         data = json.loads(reply.content)
     except json.JSONDecodeError:
         raise InvalidOutput("the reply is not JSON") from None
+    except ValueError:  # an integer of more than 4,300 digits (sys.get_int_max_str_digits)
+        raise InvalidOutput("the reply is JSON with a number too long to read") from None
     except RecursionError:
         raise InvalidOutput("the reply is JSON nested too deeply to read") from None
     if not isinstance(data, dict):
@@ -66,29 +68,35 @@ def _json_object(reply: Reply) -> dict[str, Any]:
     return data
 
 
+def _shown(value: Any) -> str:
+    """A refused value inside a rejection's reason: masked, then cut."""
+    return shown(value, limits.SHOWN_CHARS)
+
+
 def _scratchpad(data: Mapping[str, Any]) -> str:
     scratchpad = data.get("scratchpad")
     if not isinstance(scratchpad, str):
-        raise InvalidOutput(f"scratchpad is {limits.shown(scratchpad)}, not a string")
+        raise InvalidOutput(f"scratchpad is {_shown(scratchpad)}, not a string")
     return limits.scratchpad(scratchpad)
 
 
 def _text(data: Mapping[str, Any], key: str, where: str = "") -> str:
     value = data.get(key)
     if not isinstance(value, str):
-        raise InvalidOutput(f"{where}{key} is {limits.shown(value)}, not a string")
+        raise InvalidOutput(f"{where}{key} is {_shown(value)}, not a string")
     return limits.kept_text(value)
 
 
 def parse_mutation(reply: Reply, current: float) -> tuple[float, str]:
     """(new delta, new scratchpad), or InvalidOutput."""
     data = _json_object(reply)
-    delta = data.get("delta")
-    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not math.isfinite(delta):
-        raise InvalidOutput(f"delta is {limits.shown(delta)}, not a finite number")
+    found = data.get("delta")
+    delta = as_float(found)
+    if delta is None:
+        raise InvalidOutput(f"delta is {_shown(found)}, not a finite number")
     if abs(delta - current) <= UNCHANGED_TOLERANCE:
         raise InvalidOutput(f"delta {delta!r} equals the current value {current!r}")
-    return float(delta), _scratchpad(data)
+    return delta, _scratchpad(data)
 
 
 def parse_merge(reply: Reply) -> str:
@@ -100,17 +108,17 @@ def parse_vector(reply: Reply, current: Mapping[str, float]) -> tuple[dict[str, 
     data = _json_object(reply)
     deltas = data.get("deltas")
     if not isinstance(deltas, dict):
-        raise InvalidOutput(f"deltas is {limits.shown(deltas)}, not an object")
+        raise InvalidOutput(f"deltas is {_shown(deltas)}, not an object")
     missing, extra = set(current) - set(deltas), set(deltas) - set(current)
     if missing or extra:
-        raise InvalidOutput(f"deltas has the wrong cluster ids (missing: {limits.shown(sorted(missing, key=str))}, "
-                            f"unknown: {limits.shown(sorted(extra, key=str))})")
+        raise InvalidOutput(f"deltas has the wrong cluster ids (missing: {_shown(sorted(missing, key=str))}, "
+                            f"unknown: {_shown(sorted(extra, key=str))})")
     new = {}
     for cid in current:
-        value = deltas[cid]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise InvalidOutput(f"delta of cluster {cid} is {limits.shown(value)}, not a finite number")
-        new[cid] = float(value)
+        value = as_float(deltas[cid])
+        if value is None:
+            raise InvalidOutput(f"delta of cluster {cid} is {_shown(deltas[cid])}, not a finite number")
+        new[cid] = value
     if all(abs(new[cid] - current[cid]) <= UNCHANGED_TOLERANCE for cid in current):
         raise InvalidOutput("the deltas equal the current ones")
     return new, _text(data, "summary")
@@ -120,20 +128,20 @@ def parse_selection(reply: Reply, known: set[int]) -> tuple[tuple[Selected, ...]
     data = _json_object(reply)
     selections = data.get("selections")
     if not isinstance(selections, list):
-        raise InvalidOutput(f"selections is {limits.shown(selections)}, not a list")
+        raise InvalidOutput(f"selections is {_shown(selections)}, not a list")
     if not MIN_SELECTIONS <= len(selections) <= MAX_SELECTIONS:
         raise InvalidOutput(f"{len(selections)} selections, not {MIN_SELECTIONS} to {MAX_SELECTIONS}")
     chosen: list[Selected] = []
     for item in selections:
         if not isinstance(item, dict):
-            raise InvalidOutput(f"selection {limits.shown(item)} is not an object")
+            raise InvalidOutput(f"selection {_shown(item)} is not an object")
         cid, category = item.get("candidate_id"), item.get("category")
         if isinstance(cid, bool) or not isinstance(cid, int) or cid not in known:
-            raise InvalidOutput(f"candidate_id {limits.shown(cid)} is not in this population")
+            raise InvalidOutput(f"candidate_id {_shown(cid)} is not in this population")
         if any(s.candidate_id == cid for s in chosen):
             raise InvalidOutput(f"candidate {cid} is selected twice")
         if category not in CATEGORIES:
-            raise InvalidOutput(f"category {limits.shown(category)} is not one of {', '.join(CATEGORIES)}")
+            raise InvalidOutput(f"category {_shown(category)} is not one of {', '.join(CATEGORIES)}")
         chosen.append(Selected(cid, _text(item, "reasoning", f"candidate {cid}'s "), category))
     return tuple(chosen), _text(data, "summary")
 
@@ -256,7 +264,7 @@ class ValidatingReflector:
                 if dead:
                     self._stopped = (f"the reflector at {self.where} failed {self._failures} calls in a row "
                                      f"(CONFIG_REFLECTOR_MAX_CONSECUTIVE_FAILURES); the last error: "
-                                     f"{limits.note(reply.error or '')}")
+                                     f"{reply.error or ''}")  # as the proposer gave it: masked, capped
                     self.proposer.close()  # the calls beside this one are abandoned: the run stops
                     raise ReflectorUnavailable(self._stopped)
                 continue

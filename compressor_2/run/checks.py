@@ -24,16 +24,10 @@ from compressor_2.archive.database import Candidate, CheckResult, RunArchive, ge
 from compressor_2.data.example import Example
 from compressor_2.fitness import Evaluation, Evaluator
 from compressor_2.run.front import Point, pareto_front
-from compressor_2.run.progress import answers_bar
+from compressor_2.run.progress import evaluate_with_bar
 
 TRAINING, HELDOUT = "training", "heldout"
 BASELINE_ID = 0  # the baseline's Point id when no candidate is the all-zero genome
-_ASSESSED = "mean_tokens IS NOT NULL AND correctness IS NOT NULL AND fitness IS NOT NULL"
-
-
-def candidate_points(archive: RunArchive) -> list[Point]:
-    """Every candidate assessed by the search, as a point."""
-    return [_point(c) for c in archive.candidates(_ASSESSED)]
 
 
 def _point(c: Candidate) -> Point:
@@ -41,29 +35,8 @@ def _point(c: Candidate) -> Point:
     return Point(c.id, c.mean_tokens, c.correctness, c.fitness)
 
 
-def zero_genome(archive: RunArchive) -> str | None:
-    """The all-zero genome's key, or None while the archive holds no candidate to size it."""
-    last = archive.candidate(archive.last_candidate_id())
-    return None if last is None else genome_key([0.0] * len(last.deltas))
-
-
-def training_baseline(archive: RunArchive) -> Point | None:
-    """The unsteered baseline on the training pool: the search's all-zero candidate (the
-    earliest), else what `measure_baseline` measured, else None."""
-    for c in archive.candidates(_ASSESSED):
-        if not any(c.deltas.values()):
-            return _point(c)
-    zeros = zero_genome(archive)
-    measured = archive.checks(TRAINING).get(zeros or "")
-    if measured is None:
-        return None
-    return Point(BASELINE_ID, measured.mean_tokens, measured.correctness, measured.fitness)
-
-
-def best_point(archive: RunArchive) -> Point | None:
-    """The fittest candidate (what deltas_best.json holds)."""
-    best = archive.best()
-    return None if best is None or best.mean_tokens is None or best.correctness is None else _point(best)
+def _assessed(c: Candidate) -> bool:
+    return c.mean_tokens is not None and c.correctness is not None and c.fitness is not None
 
 
 @dataclass(frozen=True)
@@ -76,16 +49,52 @@ class Gain:
     baseline_heldout: CheckResult
 
 
-def gain(archive: RunArchive) -> Gain | None:
-    """What the last held-out check measured for the best and the baseline, or None."""
-    best, baseline, zeros = best_point(archive), training_baseline(archive), zero_genome(archive)
-    heldout = archive.checks(HELDOUT)
-    if best is None or baseline is None or zeros not in heldout:
-        return None
-    best_candidate = archive.candidate(best.id)
-    assert best_candidate is not None
-    best_held = heldout.get(genome_key(list(best_candidate.deltas.values())))
-    return None if best_held is None else Gain(best, baseline, best_held, heldout[zeros or ""])
+@dataclass(frozen=True)
+class Standing:
+    """The run as one read of the archive sees it: what front.png, report.html, `show
+    --front` and `export` draw on. `evolve` redraws after every step, so the candidates
+    table is read once here rather than once per figure."""
+
+    candidates: dict[int, Candidate]  # every candidate, by id
+    points: list[Point]  # the candidates the search assessed, in id order
+    best: Point | None  # the fittest candidate (what deltas_best.json holds)
+    zeros: str | None  # the all-zero genome's key; None while no candidate sizes it
+    baseline: Point | None  # the unsteered baseline on the training pool
+    heldout: dict[str, CheckResult]  # the last held-out check, by genome key
+
+    def genome(self, candidate_id: int) -> str:
+        return genome_key(list(self.candidates[candidate_id].deltas.values()))
+
+    def front(self) -> list[tuple[Point, CheckResult | None]]:
+        """The training front, shortest first, each with its held-out result if checked."""
+        return [(p, self.heldout.get(self.genome(p.id))) for p in pareto_front(self.points)]
+
+    @property
+    def gain(self) -> Gain | None:
+        """What the last held-out check measured for the best and the baseline, or None."""
+        if self.best is None or self.baseline is None or self.zeros not in self.heldout:
+            return None
+        best_held = self.heldout.get(self.genome(self.best.id))
+        return None if best_held is None else Gain(self.best, self.baseline, best_held, self.heldout[self.zeros or ""])
+
+
+def standing(archive: RunArchive) -> Standing:
+    """The baseline is the search's all-zero candidate (the earliest), else what
+    `measure_baseline` measured, else None."""
+    candidates = {c.id: c for c in archive.candidates() if c.id is not None}
+    points = [_point(c) for c in candidates.values() if _assessed(c)]
+    best = archive.best()
+    zeros = genome_key([0.0] * len(next(iter(candidates.values())).deltas)) if candidates else None
+    baseline = next((p for p in points if not any(candidates[p.id].deltas.values())), None)
+    if baseline is None and (measured := archive.checks(TRAINING).get(zeros or "")) is not None:
+        baseline = Point(BASELINE_ID, measured.mean_tokens, measured.correctness, measured.fitness)
+    return Standing(candidates, points, _point(best) if best is not None and _assessed(best) else None, zeros,
+                    baseline, archive.checks(HELDOUT))
+
+
+def training_baseline(archive: RunArchive) -> Point | None:
+    """The unsteered baseline on the training pool (see `standing`)."""
+    return standing(archive).baseline
 
 
 def heldout_line(g: Gain) -> str:
@@ -116,34 +125,27 @@ class Checks:
         """The all-zero genome on the pool, unless the baseline is known already."""
         if training_baseline(self.archive) is not None:
             return
-        [evaluation] = self._evaluate([self.zeros], self.pool, "unsteered baseline")
+        [evaluation] = evaluate_with_bar(self.evaluator, [self.zeros], self.pool, "unsteered baseline")
         self.archive.record_checks(TRAINING, [_result(TRAINING, evaluation)])
 
     def heldout_check(self) -> int:
         """The baseline, the best and the front's candidates on the held-out questions;
         returns how many genomes were checked (0 without a held-out set or candidates)."""
-        if not self.heldout or self.archive.best() is None:
-            return 0
-        self.measure_baseline()
-        front = pareto_front(candidate_points(self.archive))
         best = self.archive.best()
-        assert best is not None and best.id is not None
-        chosen = [best.id, *(p.id for p in front if p.id != best.id)]
+        if not self.heldout or best is None:
+            return 0
+        assert best.id is not None
+        self.measure_baseline()
+        now = standing(self.archive)
+        chosen = [best.id, *(p.id for p, _ in now.front() if p.id != best.id)]
         genomes = {genome_key(self.zeros): self.zeros}
         for cid in chosen:
-            candidate = self.archive.candidate(cid)
-            assert candidate is not None
-            values = list(candidate.deltas.values())
+            values = list(now.candidates[cid].deltas.values())
             genomes.setdefault(genome_key(values), values)
-        evaluations = self._evaluate(list(genomes.values()), self.heldout,
+        evaluations = evaluate_with_bar(self.evaluator, list(genomes.values()), self.heldout,
                                      f"held-out check ({len(genomes)} genomes)")
         self.archive.record_checks(HELDOUT, [_result(HELDOUT, e) for e in evaluations])
         return len(genomes)
-
-    def _evaluate(self, genomes: Sequence[Sequence[float]], examples: Sequence[Example],
-                  label: str) -> list[Evaluation]:
-        with answers_bar(len(genomes) * len(examples), label) as bar:
-            return self.evaluator.evaluate(genomes, bar.update, examples)
 
 
 def _result(split: str, evaluation: Evaluation) -> CheckResult:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from compressor_2.archive.database import RunArchive
 from compressor_2.data.example import Example
-from compressor_2.run.checks import best_point, candidate_points, training_baseline
+from compressor_2.run.checks import standing
 from compressor_2.run.plots import FRONT_PLOT, plot_front
 from compressor_2.run.report import write_report
 
@@ -17,7 +17,7 @@ from compressor_2.run.report import write_report
 def refresh_outputs(archive: RunArchive, out: Path, pool: Sequence[Example], heldout: Sequence[Example]) -> Path:
     """Draws front.png (once something is assessed) and writes report.html; returns the
     report's path."""
-    points = candidate_points(archive)
-    if points:
-        plot_front(points, training_baseline(archive), best_point(archive), out / FRONT_PLOT)
-    return write_report(archive, out, pool, heldout)
+    now = standing(archive)
+    if now.points:
+        plot_front(now.points, now.baseline, now.best, out / FRONT_PLOT)
+    return write_report(archive, out, pool, heldout, now)

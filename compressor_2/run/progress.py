@@ -11,6 +11,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from compressor_2.data.example import Example
+from compressor_2.fitness import Evaluation, Evaluator
 from compressor_2.reflector.base import Outstanding, Reflector
 
 WAIT_NOTICE = 5.0  # seconds a reflector call waits before a line says so
@@ -26,6 +28,13 @@ def answers_bar(total: int, label: str) -> Iterator[tqdm]:
         yield bar
     finally:
         bar.close()
+
+
+def evaluate_with_bar(evaluator: Evaluator, genomes: Sequence[Sequence[float]], examples: Sequence[Example],
+                      label: str) -> list[Evaluation]:
+    """All `genomes` on `examples` in one engine call, with a bar."""
+    with answers_bar(len(genomes) * len(examples), label) as bar:
+        return evaluator.evaluate(genomes, bar.update, examples)
 
 
 def say(line: str) -> None:

@@ -18,12 +18,11 @@ from pathlib import Path
 
 import jinja2
 
-from compressor_2.archive.database import Answer, Candidate, RunArchive, genome_key
+from compressor_2.archive.database import Answer, Candidate, CheckStore, RunArchive
 from compressor_2.atomic import atomic_write_text
 from compressor_2.data.example import Example
 from compressor_2.fitness import example_key
-from compressor_2.run.checks import HELDOUT, best_point, candidate_points, gain, training_baseline, zero_genome
-from compressor_2.run.front import pareto_front
+from compressor_2.run.checks import BASELINE_ID, Standing, standing
 from compressor_2.run.plots import FITNESS_PLOT, FRONT_PLOT, LENGTHS_PLOT
 from compressor_2.run.tree import TREE_PLOT
 
@@ -88,53 +87,46 @@ def _side(answer: Answer | None) -> Side | None:
     return None if answer is None else Side(answer.answer, answer.tokens, answer.is_correct)
 
 
-def write_report(archive: RunArchive, out: Path, pool: Sequence[Example], heldout: Sequence[Example]) -> Path:
-    """Renders the run in `out` (its archive open in `archive`) to out/report.html."""
+def write_report(archive: RunArchive, out: Path, pool: Sequence[Example], heldout: Sequence[Example],
+                 now: Standing | None = None) -> Path:
+    """Renders the run in `out` (its archive open in `archive`; `now`, its standing, when
+    the caller has just read it) to out/report.html."""
     path = out / REPORT_FILE
-    atomic_write_text(path, render(archive, out, pool, heldout))
+    atomic_write_text(path, render(archive, out, pool, heldout, now))
     return path
 
 
-def render(archive: RunArchive, out: Path, pool: Sequence[Example], heldout: Sequence[Example]) -> str:
+def render(archive: RunArchive, out: Path, pool: Sequence[Example], heldout: Sequence[Example],
+           now: Standing | None = None) -> str:
+    now = standing(archive) if now is None else now
     context = archive.meta("context", "") or ""
-    points = candidate_points(archive)
-    best, baseline = best_point(archive), training_baseline(archive)
-    best_candidate = archive.candidate(best.id) if best is not None else None
-    zeros = zero_genome(archive)
-    heldout_results = archive.checks(HELDOUT)
-    front = pareto_front(points)
-    by_id = {c.id: c for c in archive.candidates()}
-
-    def answers(genome: str | None) -> dict[str, Answer]:
-        if genome is None:
-            return {}
-        return {**archive.answers_for(genome, context, table="check_answers"), **archive.answers_for(genome, context)}
-
-    best_genome = genome_key(list(best_candidate.deltas.values())) if best_candidate is not None else None
-    base_answers, best_answers = answers(zeros), answers(best_genome)
+    answers = CheckStore(archive).answers_for
+    best_genome = now.genome(now.best.id) if now.best is not None else None
+    base_answers = answers(now.zeros, context) if now.zeros is not None else {}
+    best_answers = answers(best_genome, context) if best_genome is not None else {}
     calls, prompt, completion = archive.reflector_tokens()
     check_fresh, check_cached = archive.check_calls()
     lineage: list[Candidate] = []
-    if best is not None:
-        lineage = [by_id[a] for a in archive.lineage().ancestors(best.id)] + [by_id[best.id]]
+    if now.best is not None:
+        lineage = [now.candidates[a] for a in archive.lineage().ancestors(now.best.id)] + [now.candidates[now.best.id]]
     return _template().render(
         run_dir=str(out), generated=datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S"),
         strategy=archive.meta("strategy", "?"), status=status(archive),
-        candidates=len(by_id), metric_calls=archive.metric_calls(), cache_hits=archive.cache_hits(),
+        candidates=len(now.candidates), metric_calls=archive.metric_calls(), cache_hits=archive.cache_hits(),
         check_fresh=check_fresh, check_cached=check_cached,
         reflector_calls=calls, prompt_tokens=prompt, completion_tokens=completion,
         reflector_seconds=archive.reflector_seconds(),
         wall_minutes=archive.meta_count("wall_seconds") / 60,
-        gain=gain(archive), best=best, baseline=baseline,
-        baseline_heldout=heldout_results.get(zeros or ""),
-        best_heldout=heldout_results.get(best_genome or ""),
+        gain=now.gain, best=now.best, baseline=now.baseline,
+        baseline_heldout=now.heldout.get(now.zeros or ""),
+        best_heldout=now.heldout.get(best_genome or ""),
         heldout_size=len(heldout),
-        front=[(p, heldout_results.get(genome_key(list(by_id[p.id].deltas.values())))) for p in front],
+        front=now.front(),
         front_image=_data_uri(out / FRONT_PLOT), figures=_figures(out), tree_image=_data_uri(out / TREE_PLOT),
         lineage=[_lineage_entry(c) for c in lineage],
         training_rows=answer_rows(pool, base_answers, best_answers),
         heldout_rows=answer_rows(heldout, base_answers, best_answers) if heldout else [],
-        baseline_is_candidate=baseline is not None and baseline.id != 0,
+        baseline_is_candidate=now.baseline is not None and now.baseline.id != BASELINE_ID,
     )
 
 

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from compressor_2.archive.database import RunArchive
-from compressor_2.clusters.clusterset import ClusterSet
 from compressor_2.clusters.tokens import AnswerTokens
 from compressor_2.config import Config
 from compressor_2.data.example import Example
@@ -29,7 +28,7 @@ from compressor_2.run.best import BestEver
 from compressor_2.run.budget import Budget
 from compressor_2.run.idle import IdleSteps
 from compressor_2.run.outputs import refresh_outputs
-from compressor_2.run.progress import answers_bar, say
+from compressor_2.run.progress import evaluate_with_bar, say
 from compressor_2.run.workers import Workers
 
 
@@ -48,7 +47,7 @@ class Run:
     best: BestEver
     started: float  # perf_counter at this session's start
     workers: Workers  # every thread pool of the run (`pool` is one of them)
-    clusters: ClusterSet
+    answer_tokens: AnswerTokens  # answers retokenised through the cluster map, shared with the local reflector
     heldout: tuple[Example, ...] = ()  # CONFIG_HOLDOUT_*: checked when the run stops, never searched on
     idle: IdleSteps = field(init=False)
     replies_seen: int = field(init=False)  # the newest reflector call the step boundaries have looked at
@@ -66,14 +65,7 @@ class Run:
         """All `genomes` on `examples` (default: the pool) in one engine call, with a bar."""
         if not genomes:
             return []
-        n = len(self.examples if examples is None else examples)
-        with answers_bar(len(genomes) * n, label) as bar:
-            return self.evaluator.evaluate(genomes, bar.update, examples)
-
-    @functools.cached_property
-    def answer_tokens(self) -> AnswerTokens:
-        """Texts retokenised with the model's tokenizer and mapped through the cluster map."""
-        return AnswerTokens.from_config(self.config, self.clusters)
+        return evaluate_with_bar(self.evaluator, genomes, self.examples if examples is None else examples, label)
 
     @functools.cached_property
     def gold_tokens(self) -> dict[str, int]:

@@ -57,7 +57,10 @@ class SteeringProcessor:
     cache_size: int = 4096
     # Class-level on purpose: SGLang makes a new instance per batch.
     _maps: dict = {}
-    _rows: dict = {}  # (map, device, dtype, deltas) -> deltas tensor, or None when all zero; LRU order
+    # (map, (device, dtype), deltas) -> deltas tensor, or None when all zero; and
+    # (map, (device, dtype), None) -> the zeros row a steered batch gives its unsteered rows.
+    # LRU order: a zeros row can be evicted too, and is then made again on its next use.
+    _rows: dict = {}
     _warned: set = set()
 
     def __call__(self, logits: Any, custom_param_list: Sequence[Any] | None = None) -> Any:
@@ -185,7 +188,8 @@ class SteeringProcessor:
 
     @classmethod
     def _zero_row(cls, key: Any, place: tuple, needed: int, logits: Any) -> Any:
-        """The row an unsteered row of a steered batch adds, made on the device itself."""
+        """The row an unsteered row of a steered batch adds, made on the device itself once
+        per map and place and kept in `_rows` under the deltas None."""
         import torch
 
         zero_key = (key, place, None)

@@ -70,7 +70,7 @@ PROGRESS_PLOT = "archive_progress.png"
 SEED_STEP = -1  # the seed candidate is placed before iteration 0
 VIABILITY_META = "archive_viability"  # the archive's meta key of the viability rule, read by `show`
 # What it writes in the run directory besides the shared services' files.
-OUTPUT_FILES = (STATE_FILE, SNAPSHOTS_FILE, PROGRESS_PLOT, TREE_PLOT)
+OUTPUT_FILES = (STATE_FILE, SNAPSHOTS_FILE, PROGRESS_PLOT)
 
 
 def estimate(config: Config, n_examples: int) -> Cost:

@@ -25,12 +25,12 @@ from compressor_2.run.budget import Cost
 from compressor_2.run.fields import FieldError
 from compressor_2.run.services import Run
 from compressor_2.strategies.ga_individual import new_individual
-from compressor_2.strategies.search import TREE_PLOT, search
+from compressor_2.strategies.search import search
 
 NAME = "cmaes"
 STATE_FILE = "cmaes_state.json"
 # What it writes in the run directory besides the shared services' files.
-OUTPUT_FILES = (STATE_FILE, TREE_PLOT)
+OUTPUT_FILES = (STATE_FILE,)
 # What `deap.cma.Strategy.update` changes; the rest follows from the dimension and lambda,
 # and the eigendecomposition from C.
 _ARRAYS = ("centroid", "pc", "ps", "C")

@@ -58,7 +58,7 @@ from compressor_2.strategies.ga_state import STATE_FILE, EvolutionState, check_a
 NAME = "ga"
 INITIAL_STEP = -1  # the initial population is placed before generation 0
 # What it writes in the run directory besides the shared services' files.
-OUTPUT_FILES = (STATE_FILE, TREE_PLOT)
+OUTPUT_FILES = (STATE_FILE,)
 
 
 def estimate(config: Config, n_examples: int) -> Cost:

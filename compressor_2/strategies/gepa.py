@@ -66,7 +66,7 @@ FRONT_FILE = "pareto_front.json"
 PROGRESS_PLOT = "gepa_progress.png"
 SEED_STEP = -1
 # What it writes in the run directory besides the shared services' files.
-OUTPUT_FILES = (STATE_FILE, FRONT_FILE, PROGRESS_PLOT, TREE_PLOT)
+OUTPUT_FILES = (STATE_FILE, FRONT_FILE, PROGRESS_PLOT)
 
 
 def estimate(config: Config, n_examples: int) -> Cost:

@@ -19,12 +19,12 @@ from compressor_2.deltas import load_deltas, to_list
 from compressor_2.errors import ConfigError
 from compressor_2.run.budget import Cost
 from compressor_2.run.services import Run
-from compressor_2.strategies.search import TREE_PLOT, search
+from compressor_2.strategies.search import search
 
 NAME = "random"
 STATE_FILE = "random_state.json"
 # What it writes in the run directory besides the shared services' files.
-OUTPUT_FILES = (STATE_FILE, TREE_PLOT)
+OUTPUT_FILES = (STATE_FILE,)
 
 
 def estimate(config: Config, n_examples: int) -> Cost:
