@@ -94,6 +94,12 @@ def run(run: Run) -> str:
         # Served from the archive; sampled afresh when CONFIG_TEMPERATURE > 0, and then a
         # member that now beats the stored best replaces it (seed 000 §2, resume).
         toolbox.evaluate(population)
+        # A stop inside generation 0's first evaluation left the initial candidates without
+        # the fitness that generation would have recorded: the replay no longer evaluates them.
+        for ind in population:
+            if (made := run.archive.candidate(ind.candidate_id)) is not None and made.fitness is None:
+                run.archive.assess(ind.candidate_id, ind.evaluation.fitness, ind.evaluation.mean_tokens,
+                                   ind.evaluation.correctness)
         if run.best.consider([(ga.member(ind), ind.evaluation) for ind in population]):
             save_state(out / STATE_FILE, replace(saved, best_individual=run.best.member,
                                                  best_fitness=run.best.fitness))
