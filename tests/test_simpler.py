@@ -14,9 +14,10 @@ import pytest
 from compressor_2.archive.database import RunArchive, genome_key
 from compressor_2.errors import ConfigError
 from compressor_2.evolve import evolve
-from compressor_2.run.claims import INSTRUCTED
+from compressor_2.run.claims import INSTRUCTED, Arm
+from compressor_2.run.confidence import compare
 from compressor_2.run.simpler import (
-    EOS_EVALUATIONS, EOS_GRID, TOOLS_META, Tools, cap_for, eos_search, read_record,
+    EOS_EVALUATIONS, EOS_GRID, TOOLS_META, Tool, ToolRow, Tools, cap_for, eos_search, read_record, verdict,
 )
 from tests.test_evolution_support import config_for, query, read_json
 
@@ -49,6 +50,18 @@ def test_the_cap_is_the_one_whose_cut_mean_matches_the_target():
     assert cap_for(tokens, 10.0) == 13  # 12 gives 9.75, 13 gives 10.25: of two as near, the longer cap
     assert cap_for(tokens, 100.0) == 40  # no cap reaches it: the longest answer's length
     assert cap_for(tokens, 0.0) == 1
+
+
+def test_a_tool_that_does_as_well_as_the_best_is_named_plainly():
+    best = [(10, True)] * 40
+    as_well = compare(best, [(10, True)] * 39 + [(11, False)])  # one question lost, no token longer for sure
+    longer = compare(best, [(17, True)] * 40)
+    eos = Tool("EOS bias alone (+2.1)", "an EOS bias of +2.1", Arm("2.1,0.0"))
+    cap = Tool("a cap at 10 tokens", "a cap at 10 tokens (max_tokens)", Arm("0.0,0.0", cap=10))
+    assert verdict([ToolRow(eos, None, None, longer), ToolRow(cap, None, None, as_well)], 0.95) == (
+        "On this model a cap at 10 tokens (max_tokens) does as well: deploy that.")
+    assert verdict([ToolRow(eos, None, None, longer)], 0.95) == (
+        "None does as well as the evolved deltas (95% CIs, paired): the search earned its keep.")
 
 
 # -- whole runs ------------------------------------------------------------------------------------
@@ -90,6 +103,7 @@ def nonzero(genome: str) -> list[int]:
     return [i for i, x in enumerate(genome.split(",")) if float(x) != 0]
 
 
+@pytest.mark.slow
 def test_off_makes_no_extra_call_and_on_changes_nothing_the_search_did(runs):
     off, on, _, _ = runs
     assert (on / "deltas_best.json").read_bytes() == (off / "deltas_best.json").read_bytes()
@@ -104,6 +118,7 @@ def test_off_makes_no_extra_call_and_on_changes_nothing_the_search_did(runs):
     assert query(on, "SELECT count(*) FROM check_answers")[0][0] > checked
 
 
+@pytest.mark.slow
 def test_the_eos_search_spends_at_most_its_evaluations_outside_the_budget(runs):
     _, on, _, _ = runs
     archive = RunArchive.open_read_only(on / "run.sqlite")
@@ -124,6 +139,7 @@ def test_the_eos_search_spends_at_most_its_evaluations_outside_the_budget(runs):
     assert record.eos_genome in {g for (g,) in query(on, "SELECT genome FROM check_results WHERE split = 'heldout'")}
 
 
+@pytest.mark.slow
 def test_the_instruction_and_the_cap_are_answered_and_the_engine_saw_the_instruction_first(runs):
     _, on, _, prompts = runs
     instructed = query(on, f"SELECT example FROM check_answers WHERE example LIKE '%{INSTRUCTED}#%'")
@@ -151,6 +167,7 @@ def read_json_meta(out: Path) -> dict:
     return json.loads(query(out, f"SELECT value FROM meta WHERE key = '{TOOLS_META}'")[0][0])
 
 
+@pytest.mark.slow
 def test_the_run_ends_with_the_simpler_tools_line(runs):
     _, on, printed, _ = runs
     last = [line for line in printed.splitlines() if line.strip()][-1]
@@ -164,6 +181,7 @@ def test_the_run_ends_with_the_simpler_tools_line(runs):
     assert "judge that scored</div><div class=\"v\">numeric</div>" in html
 
 
+@pytest.mark.slow
 def test_a_rerun_serves_the_simpler_tools_from_the_cache(runs, tmp_path, shared, tiny_model_dir):
     _, on, printed, _ = runs
     work = tmp_path / "again"
@@ -175,6 +193,7 @@ def test_a_rerun_serves_the_simpler_tools_from_the_cache(runs, tmp_path, shared,
     assert again.strip().splitlines()[-1] == printed.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_the_simpler_tools_skips_them_and_the_next_run_makes_them(tmp_path, shared, tiny_model_dir,
                                                                            uninterrupted, monkeypatch, capsys):
     del uninterrupted
