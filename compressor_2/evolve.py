@@ -8,8 +8,9 @@ the strategy named by CONFIG_STRATEGY. The strategy returns why it stopped; that
 goes to the archive's events and onto the final line. A run whose reflector answered and
 never validly is a failure (exit 1), whatever stopped it. Then, outside the search and its
 budget, the held-out check (CONFIG_HOLDOUT_*) measures the best, the front and the
-unsteered baseline, and the run ends with the held-out line. A Ctrl+C skips the check
-(the next run of the same command makes it, from the cache where it can).
+unsteered baseline, and the simpler tools (CONFIG_COMPARE_SIMPLE) are measured around it;
+the run ends with their lines. A Ctrl+C skips them (the next run of the same command
+makes them, from the cache where it can).
 
 Whatever the exit (done, a budget, Ctrl+C, a failure), the reflector abandons its calls in
 flight first, and then every thread pool of the run is stopped: `evolve` returns within
@@ -36,12 +37,13 @@ from compressor_2.interrupts import signals_ignored, stop_on_first_signal
 from compressor_2.reflector.prompt_log import PROMPT_DIR
 from compressor_2.run.best import DELTAS_BEST, PROCESSOR_BEST, BestEver
 from compressor_2.run.budget import Budget, Limits, shortfall
-from compressor_2.run.checks import Checks, heldout_line, standing
+from compressor_2.run.checks import Checks
 from compressor_2.run.identity import RunInputs, check_identity
 from compressor_2.run.lock import run_lock
 from compressor_2.run.plots import FRONT_PLOT
 from compressor_2.run.progress import CallWatch, say
 from compressor_2.run.services import Run
+from compressor_2.run.simpler import instructed_examples, simpler_options
 from compressor_2.run.workers import Workers
 from compressor_2.run_directory import check_cluster_outputs, check_output_dir
 from compressor_2.strategies import load_strategy
@@ -85,8 +87,9 @@ def evolve(config: Config) -> None:
                 # A missing API key stops us here, before the model loads.
                 tokens = AnswerTokens.from_config(config, clusters)
                 reflector = make_reflector(config, clusters, recorder=archive.record_call, tokens=tokens)
-                # Every prompt the run will send, the held-out check's too: checked before any work.
-                engine = LazyEngine(config, clusters, {e.id: e.prompt for e in (*examples, *heldout)})
+                # Every prompt the run will send, the checks' too: checked before any work.
+                prompts = (*examples, *heldout, *instructed_examples(config, (*examples, *heldout)))
+                engine = LazyEngine(config, clusters, {e.id: e.prompt for e in prompts})
                 archive.set_meta({"context": context})  # `show` reads this run's answers under it
                 judge = make_judge(config)
                 # The search's and the checks' evaluators differ only in where answers are kept.
@@ -94,7 +97,8 @@ def evolve(config: Config) -> None:
                                                  config.lambda_correctness, config.shortness_scale, context=context,
                                                  reuse=config.temperature == 0)
                 evaluator = evaluator_on(store=archive)
-                checks = Checks(evaluator_on(store=CheckStore(archive)), archive, examples, heldout, len(ids))
+                checks = Checks(evaluator_on(store=CheckStore(archive)), archive, examples, heldout, len(ids),
+                                simpler_options(config, ids, tokens))
                 if any(initial.values()):
                     # The search starts from other deltas than the baseline's: measure the
                     # baseline apart, before the budget's clock starts.
@@ -118,15 +122,12 @@ def evolve(config: Config) -> None:
                     raise RunError(failure)
                 stopped = True
                 # After the search, outside its budget: nothing it drew or decided changes.
-                checked = checks.heldout_check()
+                checked = checks.after_search()
                 report = run.refresh()
             say(f"the front and the report: {out / FRONT_PLOT}, {report}")
             say(final_line(reason, best))
-            if checked:
-                say(checks_line(archive, checked, len(heldout)))
-                g = standing(archive).gain
-                if g is not None:
-                    say(heldout_line(g))
+            for line in checks.closing_lines(checked):
+                say(line)
         except (KeyboardInterrupt, RunError) as exc:
             with contextlib.suppress(Exception), signals_ignored():
                 if budget is not None and not stopped:
@@ -134,8 +135,8 @@ def evolve(config: Config) -> None:
                 if stopped:
                     # The search had stopped (and said so in the archive): only the check failed.
                     if isinstance(exc, KeyboardInterrupt):
-                        say("the held-out check was interrupted: rerun the same command to finish it "
-                            "(the answers it made are cached)")
+                        say("the checks after the search (held-out, simpler tools) were interrupted: rerun the "
+                            "same command to finish them (the answers they made are cached)")
                 elif isinstance(exc, KeyboardInterrupt):
                     archive.event("interrupted")
                 else:
@@ -150,13 +151,6 @@ def evolve(config: Config) -> None:
             if engine is not None:
                 engine.close()
             archive.close()
-
-
-def checks_line(archive: RunArchive, genomes: int, questions: int) -> str:
-    fresh, cached = archive.check_calls()
-    return (f"held-out check: {genomes} genomes (the baseline, the best and the front's) on {questions} questions; "
-            f"the checks have made {fresh} answers in all and served {cached} from the cache, counted apart from "
-            f"the search's {archive.metric_calls()} metric calls")
 
 
 def final_line(reason: str, best: BestEver) -> str:

@@ -178,7 +178,9 @@ def rows(o: Others) -> dict[str, tuple[dict[str, str | None], dict[str, str | No
         "CLUSTER_SEED": "1"}.items()}
     holdout = {"HOLDOUT_DATA": o.data()}  # a held-out set to change from: no check records no setting
     checks = {"HOLDOUT_DATA": (holdout, {"HOLDOUT_DATA": f'"{o.work / "elsewhere.jsonl"}"'}),
-              "HOLDOUT_INDICES": (holdout, {"HOLDOUT_INDICES": '"0"'})}
+              "HOLDOUT_INDICES": (holdout, {"HOLDOUT_INDICES": '"0"'}),
+              "COMPARE_SIMPLE": (GA, {"COMPARE_SIMPLE": "y"}),
+              "COMPARE_INSTRUCTION": ({"COMPARE_SIMPLE": "y"}, {"COMPARE_INSTRUCTION": '"Answer briefly."'})}
     choices = {
         "ENGINE_TRANSFORMERS": (SGLANG, {"ENGINE_SGLANG": None, "ENGINE_TRANSFORMERS": "y"}),
         "ENGINE_SGLANG": (GA, SGLANG),

@@ -33,6 +33,7 @@ MAX_POPULATION = 100_000
 MAX_STEPS = 1_000_000  # generations (Kconfig's ranges bound the other strategies' step counts)
 MAX_WALL_MINUTES = 1e9
 MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 100.0
+MAX_INSTRUCTION = 2000  # characters of CONFIG_COMPARE_INSTRUCTION
 INDICES = r"all|\d+(-\d+)?(\s*,\s*\d+(-\d+)?)*"  # a pool's or held-out set's lines: 'all' or '0,3,5-9'
 
 
@@ -52,6 +53,9 @@ class Config:
     evidence_max_chars: int
     holdout_data: Path | None  # the held-out file; None: FINANCEBENCH_JSONL_PATH (with holdout_indices)
     holdout_indices: str  # "" with holdout_data None: no held-out check
+    # The simpler tools measured after the search
+    compare_simple: bool
+    compare_instruction: str  # "": none
     # Engine
     engine: EngineName
     model_path: str
@@ -221,6 +225,9 @@ def _build(r: Reader) -> Config:
         holdout_indices == "" or re.fullmatch(INDICES, holdout_indices) is not None,
         f"CONFIG_HOLDOUT_INDICES={holdout_indices!r} must be empty, 'all' or indices/ranges like '64-99'",
     )
+    instruction = r.string("COMPARE_INSTRUCTION").strip()
+    require(len(instruction) <= MAX_INSTRUCTION and not re.search(r"[\x00-\x1f\x7f]", instruction),
+            f"CONFIG_COMPARE_INSTRUCTION must be at most {MAX_INSTRUCTION} characters, with no control character")
     template = r.string("PROMPT_TEMPLATE_PATH").strip()
     urls = tuple(u.strip().rstrip("/") for u in r.string("SGLANG_URLS").split(",") if u.strip())
     for url in urls:
@@ -246,6 +253,8 @@ def _build(r: Reader) -> Config:
         evidence_max_chars=r.integer("EVIDENCE_MAX_CHARS"),
         holdout_data=Path(holdout_data) if holdout_data else None,
         holdout_indices=holdout_indices,
+        compare_simple=r.flag("COMPARE_SIMPLE"),
+        compare_instruction=instruction,
         engine=r.choice({"ENGINE_TRANSFORMERS": "transformers", "ENGINE_SGLANG": "sglang"}),  # type: ignore[arg-type]
         model_path=r.string("MODEL_PATH"),
         max_new_tokens=r.integer("MAX_NEW_TOKENS"),

@@ -88,6 +88,8 @@ JUDGE_ENDPOINT = "where the judge model is reached (the judge model itself is co
 CONCURRENCY = "how many calls run at once: speed only"
 OTHER_MODEL = ("which server may serve: one whose model path is spelled otherwise than CONFIG_MODEL_PATH (the "
                "model path itself is compared, and every answer is keyed by it)")
+COMPARE = ("which simpler tools are measured after the search; the search never reads them: the next run measures "
+           "the new set, reusing cached answers")
 HOLDOUT = ("which questions the held-out check measures after the search; the search never reads them: the next "
            "check measures the new set, reusing cached answers of questions both sets hold")
 
@@ -180,6 +182,8 @@ SETTINGS: tuple[Setting, ...] = (
             lambda c, _: c.sglang_allow_other_model, OTHER_MODEL),
     Setting("CONFIG_HOLDOUT_DATA", ("HOLDOUT_DATA",), lambda c, _: c.holdout_data, HOLDOUT),
     Setting("CONFIG_HOLDOUT_INDICES", ("HOLDOUT_INDICES",), lambda c, _: c.holdout_indices, HOLDOUT),
+    Setting("CONFIG_COMPARE_SIMPLE", ("COMPARE_SIMPLE",), lambda c, _: c.compare_simple, COMPARE),
+    Setting("CONFIG_COMPARE_INSTRUCTION", ("COMPARE_INSTRUCTION",), lambda c, _: c.compare_instruction, COMPARE),
     Setting("CONFIG_EMBED_BATCH_SIZE", ("EMBED_BATCH_SIZE",), lambda c, _: c.embed_batch_size,
             "tokens per embedding batch of a cluster build: speed only, not an input of the clusters"),
     *(Setting(f"CONFIG_ARCHIVE_{name.upper()}", (f"ARCHIVE_{name.upper()}",),
