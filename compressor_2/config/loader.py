@@ -33,7 +33,9 @@ MAX_POPULATION = 100_000
 MAX_STEPS = 1_000_000  # generations (Kconfig's ranges bound the other strategies' step counts)
 MAX_WALL_MINUTES = 1e9
 MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 100.0
-INDICES = r"all|\d+(-\d+)?(\s*,\s*\d+(-\d+)?)*"  # a pool's or held-out set's lines: 'all' or '0,3,5-9'
+# What the transformers engine can run on: `meta` holds no weights, and a typo such as `gpu` is no device.
+DEVICES = r"auto|cpu|mps|(cuda|xpu)(:[0-9]+)?"
+INDICES = r"all|[0-9]+(-[0-9]+)?(\s*,\s*[0-9]+(-[0-9]+)?)*"  # a pool's or held-out set's lines: 'all' or '0,3,5-9'
 
 
 @dataclass(frozen=True)
@@ -234,6 +236,11 @@ def _build(r: Reader) -> Config:
                  "FINANCEBENCH_JSONL_PATH", "EMBEDDING_MODEL"):
         require(r.string(name).strip() != "", f"CONFIG_{name} is empty")
 
+    device = r.string("TRANSFORMERS_DEVICE")
+    require(re.fullmatch(DEVICES, device) is not None,
+            f"CONFIG_TRANSFORMERS_DEVICE={device!r} is not a device the transformers engine runs on: write auto, cpu, "
+            "cuda, cuda:N or mps")
+
     strategy = r.choice_suffix("STRATEGY_")
     return Config(
         output_dir=Path(r.string("OUTPUT_DIR")),
@@ -251,7 +258,7 @@ def _build(r: Reader) -> Config:
         max_new_tokens=r.integer("MAX_NEW_TOKENS"),
         temperature=temperature,
         transformers_batch_size=r.integer("TRANSFORMERS_BATCH_SIZE"),
-        transformers_device=r.string("TRANSFORMERS_DEVICE"),
+        transformers_device=device,
         transformers_threads=r.integer("TRANSFORMERS_THREADS"),
         eval_concurrency=r.integer("EVAL_CONCURRENCY"),
         sglang_command=r.string("SGLANG_COMMAND"),
