@@ -555,7 +555,7 @@ def test_the_atomic_writer_never_renames_over_anything_but_a_regular_file(tmp_pa
     (tmp_path / "link.json").symlink_to(target)
     os.mkfifo(tmp_path / "fifo.json")
     (tmp_path / "dir.json").mkdir()
-    for name, kind in (("link.json", "a symbolic link"), ("fifo.json", "a device, FIFO or socket"),
+    for name, kind in (("link.json", "a symbolic link"), ("fifo.json", "a FIFO"),
                        ("dir.json", "a directory")):
         with pytest.raises(ConfigError, match=f"is {kind}, not a regular file: it is not written over"):
             atomic_write_json(tmp_path / name, {"x": 1})
