@@ -46,6 +46,7 @@ from typing import Any
 
 from compressor_2.api_key import scrub
 from compressor_2.archive.lineage import Lineage
+from compressor_2.chat_reply import MAX_TOKENS
 from compressor_2.errors import ConfigError, RunError
 from compressor_2.json_values import as_count, as_float, shown
 
@@ -55,7 +56,6 @@ MAX_ID = 2**63 - 1  # SQLite's largest integer
 # The counters kept in meta, each refused on reading when it is not a number >= 0 (an integer
 # where it counts things): `store` once reset a hand-edited cache_hits='NaN' to 0 without a word.
 SEED_GENERATION = -1  # the strategies' seed candidates stand before their first step
-MAX_TOKENS = 2**53  # a reply's token counts lie below: every float holds them exactly
 COUNTERS = {"wall_seconds": False, "cache_hits": True, "check_cache_hits": True}
 
 # The search's answers (evaluations) and the checks' (check_answers) have one shape.

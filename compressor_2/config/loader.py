@@ -84,6 +84,8 @@ class Config:
     judge_model: str
     judge_base_url: str
     judge_api_key_env: str
+    judge_timeout: float
+    judge_max_consecutive_failures: int
     # Reflector
     reflector: ReflectorName
     reflector_model: str
@@ -280,6 +282,8 @@ def _build(r: Reader) -> Config:
         judge_model=r.string("JUDGE_MODEL"),
         judge_base_url=r.string("JUDGE_BASE_URL"),
         judge_api_key_env=r.string("JUDGE_API_KEY_ENV"),
+        judge_timeout=float(r.integer("JUDGE_TIMEOUT")),
+        judge_max_consecutive_failures=r.integer("JUDGE_MAX_CONSECUTIVE_FAILURES"),
         reflector=r.choice({"REFLECTOR_LOCAL": "local", "REFLECTOR_OPENAI": "openai"}),  # type: ignore[arg-type]
         reflector_model=r.string("REFLECTOR_MODEL"),
         reflector_base_url=r.string("REFLECTOR_BASE_URL"),

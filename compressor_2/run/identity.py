@@ -85,6 +85,7 @@ REFLECTOR = ("the reflector proposes from the next step on with the new setting;
 SPEED = ("how the same model runs: speed and memory; answers already in the archive are reused (another device "
          "or batch can change a new answer where two tokens tie to the last bit)")
 JUDGE_ENDPOINT = "where the judge model is reached (the judge model itself is compared)"
+JUDGE_BOUND = "how long a judge that gives no verdict is waited for: verdicts are not affected"
 CONCURRENCY = "how many calls run at once: speed only"
 OTHER_MODEL = ("which server may serve: one whose model path is spelled otherwise than CONFIG_MODEL_PATH (the "
                "model path itself is compared, and every answer is keyed by it)")
@@ -169,6 +170,8 @@ SETTINGS: tuple[Setting, ...] = (
             CONCURRENCY),
     Setting("CONFIG_JUDGE_BASE_URL", ("JUDGE_BASE_URL",), lambda c, _: c.judge_base_url, JUDGE_ENDPOINT),
     Setting("CONFIG_JUDGE_API_KEY_ENV", ("JUDGE_API_KEY_ENV",), lambda c, _: c.judge_api_key_env, JUDGE_ENDPOINT),
+    *(Setting(f"CONFIG_{name.upper()}", (name.upper(),), lambda c, _, n=name: getattr(c, n), JUDGE_BOUND)
+      for name in ("judge_timeout", "judge_max_consecutive_failures")),
     *(Setting(f"CONFIG_{name.upper()}", (name.upper(),), lambda c, _, n=name: getattr(c, n), SPEED)
       for name in ("transformers_batch_size", "transformers_device", "transformers_threads", "eval_concurrency",
                    "sglang_command", "sglang_urls", "sglang_port", "sglang_allow_remote", "sglang_startup_timeout",
