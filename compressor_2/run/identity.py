@@ -5,8 +5,8 @@ Every Kconfig symbol is classified here, once (`SETTINGS`): either it is part of
 identity, and a resume with another value is refused (one line per changed setting, old
 and new value), or it may change across a resume, and `may_change` says what that means
 for the run. A path is compared by what it holds (the training pool's example ids and
-prompt digests, the clusters' digest, the initial deltas), so a file moved elsewhere
-unchanged is the same setting. The options of the run's strategy are part of it; another
+prompt digests, the clusters' digest, the initial deltas, the model's files), so a file
+moved elsewhere unchanged is the same setting, and weights changed in place are not. The options of the run's strategy are part of it; another
 strategy's options are not used, and not compared.
 
 A run started by a compressor_2 that recorded no identity gets this config's recorded at
@@ -24,8 +24,10 @@ from dataclasses import dataclass
 from compressor_2.archive.database import RunArchive
 from compressor_2.config import Config
 from compressor_2.data.example import Example
+from compressor_2.engines.sglang_model import served_models
 from compressor_2.errors import ConfigError
 from compressor_2.fitness import example_key
+from compressor_2.model_digest import model_digest
 from compressor_2.run.progress import say
 
 IDENTITY_KEY = "identity"  # in the archive's meta table
@@ -72,6 +74,24 @@ def _digest(value: object) -> str:
     return hashlib.sha256(json.dumps(value).encode()).hexdigest()[:DIGEST_CHARS]
 
 
+def model_identity(config: Config) -> str:
+    """The model by what it holds: a local directory's digest (model_digest.py), a hub id as
+    itself; for attached SGLang servers what their /model_info reports, the path's digest
+    when that path is on this machine too (so the same model launched or attached is the
+    same setting). A server that cannot be asked yet is described by CONFIG_MODEL_PATH: its
+    engine start refuses it before any work."""
+    if config.engine == "sglang" and config.sglang_urls:
+        served = served_models(config.sglang_urls)
+        if served:
+            return "; ".join(sorted({_served(path, version) for path, version in served}))
+    return model_digest(config.model_path) or config.model_path
+
+
+def _served(path: str, version: str | None) -> str:
+    described = model_digest(path) or path
+    return described if version in (None, "default") else f"{described}, weight version {version}"
+
+
 def _ga(read: Callable[[Config], object]) -> Value:
     return _option("ga", read)
 
@@ -88,7 +108,8 @@ JUDGE_ENDPOINT = "where the judge model is reached (the judge model itself is co
 JUDGE_BOUND = "how long a judge that gives no verdict is waited for: verdicts are not affected"
 CONCURRENCY = "how many calls run at once: speed only"
 OTHER_MODEL = ("which server may serve: one whose model path is spelled otherwise than CONFIG_MODEL_PATH (the "
-               "model path itself is compared, and every answer is keyed by it)")
+               "model itself is compared, by what it holds)")
+MODEL_SETTING = "the model (a digest of its weights and tokenizer files)"
 HOLDOUT = ("which questions the held-out check measures after the search; the search never reads them: the next "
            "check measures the new set, reusing cached answers of questions both sets hold")
 
@@ -103,7 +124,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("CONFIG_FINANCEBENCH_POOL_INDICES", ("FINANCEBENCH_POOL_INDICES",), lambda c, _: c.pool_indices),
     Setting("CONFIG_EVIDENCE_MAX_CHARS", ("EVIDENCE_MAX_CHARS",), lambda c, _: c.evidence_max_chars),
     Setting("CONFIG_ENGINE_*", ("ENGINE_*",), lambda c, _: c.engine),
-    Setting("CONFIG_MODEL_PATH", ("MODEL_PATH",), lambda c, _: c.model_path),
+    Setting(MODEL_SETTING, ("MODEL_PATH",), lambda c, _: model_identity(c)),
     Setting("CONFIG_MAX_NEW_TOKENS", ("MAX_NEW_TOKENS",), lambda c, _: c.max_new_tokens),
     Setting("CONFIG_TEMPERATURE", ("TEMPERATURE",), lambda c, _: c.temperature),
     Setting("CONFIG_JUDGE_*", ("JUDGE_*",), lambda c, _: c.judge),
