@@ -121,8 +121,9 @@ def check_cluster_outputs(config: Config) -> None:
                           "CONFIG_INITIAL_DELTAS_PATH (or its sidecar): a cluster build would write over it; choose "
                           "another path")
     written = [("CONFIG_CLUSTER_DESCRIPTIONS_PATH", config.cluster_descriptions_path, False)]
-    if not os.path.lexists(initial) or initial.is_symlink() or written_here(paths, paths.initial_deltas):
-        # A file the user wrote there is an input the build leaves alone.
+    if not initial.exists() or written_here(paths, paths.initial_deltas):
+        # Written when absent (a dangling link included) or the build's own; a file the user
+        # wrote there, or links to, is an input the build leaves alone.
         written += [("CONFIG_INITIAL_DELTAS_PATH", initial, False),
                     ("the sidecar of CONFIG_INITIAL_DELTAS_PATH", fingerprint_path(initial), True)]
     for option, path, sidecar in written:

@@ -512,7 +512,8 @@ CASES = [
          lambda s: s.edit_archive("UPDATE meta SET value = 'soon' WHERE key = 'wall_seconds'"),
          2, r"run\.sqlite' table meta, row wall_seconds: 'soon' is not a number >= 0"),
     # -- issue X, items 6, 7 and 9: the probe's cases, each failing on the code before ----------------
-    option_case("an int in fullwidth digits", {"NGEN": "\uff14"}, r"CONFIG_NGEN='\uff14' is not an integer in ASCII digits"),
+    option_case("an int in fullwidth digits", {"NGEN": "\uff14"},
+                r"CONFIG_NGEN='\uff14' is not an integer in ASCII digits"),
     option_case("an int in Arabic-Indic digits", {"NGEN": "\u0664"},
                 r"CONFIG_NGEN='\u0664' is not an integer in ASCII digits"),
     option_case("an int with an underscore", {"NGEN": "1_0"}, r"CONFIG_NGEN='1_0' is not an integer in ASCII digits"),
@@ -1039,7 +1040,8 @@ def descriptions_at(path: Callable[[Scene, Site], Path]) -> Callable[[Scene, Sit
     return lambda s, t: s.command("build-clusters", **t.config(CLUSTER_DESCRIPTIONS_PATH=f'"{path(s, t)}"'))
 
 
-NOT_WRITTEN_HERE = r"CONFIG_CLUSTER_DESCRIPTIONS_PATH='.*{}' holds a file no build of CONFIG_CLUSTER_DIR='.*clusters' wrote"
+NOT_WRITTEN_HERE = (r"CONFIG_CLUSTER_DESCRIPTIONS_PATH='.*{}' holds a file no build of "
+                    r"CONFIG_CLUSTER_DIR='.*clusters' wrote")
 OTHER_RUNS = r"'.*other_run/{}' is a file of the run in '.*other_run'"
 
 WRITES = [
@@ -1048,13 +1050,16 @@ WRITES = [
     Write("descriptions over the model's tokenizer", descriptions_at(lambda s, t: t.model / "tokenizer.json"),
           NOT_WRITTEN_HERE.format(r"model/tokenizer\.json")),
     Write("descriptions through a symbolic link to the data", descriptions_at(lambda s, t: linked(s, t.data)),
-          r"CONFIG_CLUSTER_DESCRIPTIONS_PATH='.*link\.json' is a symbolic link: a cluster build never writes through one"),
+          r"CONFIG_CLUSTER_DESCRIPTIONS_PATH='.*link\.json' is a symbolic link: a cluster build never writes "
+          r"through one"),
     Write("descriptions through a dangling symbolic link",
           descriptions_at(lambda s, t: linked(s, s.work / "made_through_the_link.json")),
           r"CONFIG_CLUSTER_DESCRIPTIONS_PATH='.*link\.json' is a symbolic link"),
-    Write("descriptions over the initial deltas", descriptions_at(lambda s, t: s.work / "clusters" / "initial_deltas.json"),
+    Write("descriptions over the initial deltas",
+          descriptions_at(lambda s, t: s.work / "clusters" / "initial_deltas.json"),
           r"CONFIG_CLUSTER_DESCRIPTIONS_PATH='.*initial_deltas\.json' is the file of CONFIG_INITIAL_DELTAS_PATH"),
-    Write("descriptions over another run's archive, its lock removed", descriptions_at(lambda s, t: t.other / "run.sqlite"),
+    Write("descriptions over another run's archive, its lock removed",
+          descriptions_at(lambda s, t: t.other / "run.sqlite"),
           r"CONFIG_CLUSTER_DESCRIPTIONS_PATH=" + OTHER_RUNS.format(r"run\.sqlite")),
     Write("descriptions over another run's history, its lock removed",
           descriptions_at(lambda s, t: t.other / "history.json"),
@@ -1134,7 +1139,8 @@ def test_a_full_disk_is_one_line_naming_the_file(tmp_path, shared, tiny_model_di
     result = cli_process(["evolve", "--config", config], little_room)
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert result.returncode == 1 and len(lines) == 1, result.stderr[-2000:]
-    assert re.fullmatch(rf"error: '{re.escape(str(tmp_path / 'out'))}/[^']+' cannot be written: \S.*", lines[0]), lines[0]
+    out = re.escape(str(tmp_path / "out"))
+    assert re.fullmatch(rf"error: '{out}/[^']+' cannot be written: \S.*", lines[0]), lines[0]
     # The atomic writer, which every other file goes through, alike (and leaves no temp file).
     import subprocess
     import sys
@@ -1188,8 +1194,8 @@ def test_a_model_whose_weights_changed_in_place_is_refused_on_resume(tmp_path, s
     capsys.readouterr()
     assert main(["evolve", "--config", str(write_config(tmp_path, shared, model, NGEN="2"))]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert re.fullmatch(r"  the model \(a digest of its weights and tokenizer files\): (\d+) files, sha256 [0-9a-f]{16} "
-                        r"when the run started, \1 files, sha256 [0-9a-f]{16} now", lines[1]), lines
+    assert re.fullmatch(r"  the model \(a digest of its weights and tokenizer files\): (\d+) files, sha256 "
+                        r"[0-9a-f]{16} when the run started, \1 files, sha256 [0-9a-f]{16} now", lines[1]), lines
     assert run_files(out) == files and answers_stored(out) == answers
 
 
@@ -1240,3 +1246,40 @@ def test_a_judge_that_never_answers_stops_the_run_within_its_bound(tmp_path, sha
         f"error: the judge at {server.base_url} failed 2 calls in a row (CONFIG_JUDGE_MAX_CONSECUTIVE_FAILURES=2); "
         "the last: no verdict within 2 s (CONFIG_JUDGE_TIMEOUT)")
     assert 2 <= requests <= 2 * 8  # each call one request (the timeout covers its retries), 8 in flight at most
+
+
+@pytest.mark.parametrize("reply, said", [
+    (GATEWAY_PAGE, r"the reply is not JSON \(HTTP 200, application/json\): '<!doctype html>.*"),
+    ({"result": "ok"}, r"the reply is not a chat completion \(no list of choices\): \{'result': 'ok'\}"),
+], ids=["an HTML page with status 200", "a reply without choices"])
+def test_a_judge_reply_that_is_no_chat_completion_is_a_failed_call_saying_what_came_back(reply, said):
+    """Item 4: the judge read the SDK's unvalidated object (JSONDecodeError, AttributeError)."""
+    from compressor_2.errors import RunError
+    from compressor_2.judges.base import JudgeItem
+    from compressor_2.judges.llm import LLMJudge
+    from tests.fakes.openai_server import FakeOpenAIServer
+
+    with FakeOpenAIServer(lambda body: (200, reply)) as server:
+        judge = LLMJudge("m", server.base_url, JUDGE_KEY, max_retries=0, max_failures=2)
+        with pytest.raises(RunError) as failed:
+            judge.judge([JudgeItem("q", "a", "g")])
+        requests = len(server.requests)
+    assert re.fullmatch(rf"the judge at {re.escape(server.base_url)} failed 2 calls in a row "
+                        rf"\(CONFIG_JUDGE_MAX_CONSECUTIVE_FAILURES=2\); the last: the judge model m at "
+                        rf"{re.escape(server.base_url)}: {said}", str(failed.value)), str(failed.value)
+    assert requests == 2
+
+
+def test_a_rebuild_interrupted_after_withdrawing_the_set_still_owns_its_descriptions(tmp_path, shared, tiny_model_dir,
+                                                                                     uninterrupted, capsys):
+    """Item 2's other side: a rebuild removes fingerprint.json first, so a build that failed
+    part way (here: k beyond the vocabulary) leaves descriptions no record vouches for; the
+    ledger does, even for a set built before it existed (claimed then from the record)."""
+    scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted, lambda strategy: uninterrupted)
+    symbols = scene.clusters_copy()
+    (tmp_path / "clusters" / "written.json").unlink(missing_ok=True)  # as a build before the ledger left it
+    assert main(scene.command("build-clusters", **symbols, NUM_CLUSTERS="5000")) == 2
+    assert not (tmp_path / "clusters" / "fingerprint.json").exists()
+    capsys.readouterr()
+    assert main(scene.command("build-clusters", **symbols)) == 0, capsys.readouterr().err
+    assert (tmp_path / "clusters" / "fingerprint.json").is_file()

@@ -410,27 +410,22 @@ class RunArchive:
 
     def _candidate(self, row: Sequence[Any], parents: tuple[int, ...]) -> Candidate:
         """A candidates row as a `Candidate`, every field checked: a hand edit would otherwise
-        surface as a bare JSONDecodeError or TypeError far from the row."""
+        surface as a bare JSONDecodeError or TypeError far from the row. What the archive
+        wrote passes one quick test (`show` reads 100,000 rows); only a row that fails it is
+        examined field by field."""
         cid, deltas, scratchpad, operator, strategy, generation, status, note, fitness, mean_tokens, correctness, \
             created = row
         decoded = _deltas(deltas)
-        texts = {"scratchpad": scratchpad, "operator": operator, "strategy": strategy, "status": status,
-                 "note": note}
-        scores = {"fitness": (fitness, 1.0), "mean_tokens": (mean_tokens, math.inf), "correctness": (correctness, 1.0)}
-        problem = None
-        if decoded is None:
-            problem = f"deltas is {shown(deltas)}, not a JSON object of cluster ids and finite numbers"
-        elif type(generation) is not int or generation < SEED_GENERATION:
-            problem = f"generation is {shown(generation)}, not an integer >= {SEED_GENERATION}"
-        elif as_float(created) is None:
-            problem = f"created is {shown(created)}, not a finite number"
-        problem = problem or next((f"{name} is {shown(text)}, not text" for name, text in texts.items()
-                                   if not isinstance(text, str)), None)
-        problem = problem or next((f"{name} is {shown(value)}, not a number {'in [0, 1]' if high == 1 else '>= 0'}"
-                                   for name, (value, high) in scores.items() if not _score(value, high)), None)
-        if problem is not None:
+        as_written = (decoded is not None and type(generation) is int and generation >= SEED_GENERATION
+                      and type(created) is float and -math.inf < created < math.inf
+                      and type(scratchpad) is str and type(operator) is str and type(strategy) is str
+                      and type(status) is str and type(note) is str
+                      and (fitness is None or (type(fitness) is float and 0 <= fitness <= 1))
+                      and (mean_tokens is None or (type(mean_tokens) is float and 0 <= mean_tokens < math.inf))
+                      and (correctness is None or (type(correctness) is float and 0 <= correctness <= 1)))
+        if not as_written and (problem := _candidate_problem(row, decoded)):
             raise self._bad_row("candidates", cid, problem)
-        return Candidate(decoded, scratchpad, operator, parents, strategy, generation, status, note,
+        return Candidate(decoded or {}, scratchpad, operator, parents, strategy, generation, status, note,
                          None if fitness is None else float(fitness),
                          None if mean_tokens is None else float(mean_tokens),
                          None if correctness is None else float(correctness), cid, float(created))
@@ -536,7 +531,8 @@ class RunArchive:
 
     def merges(self) -> list[tuple[int, int, int, int, tuple[int, ...], bool]]:
         """(candidate, first, second, ancestor, component sources, accepted), oldest first."""
-        rows = self._query("SELECT candidate, first, second, ancestor, sources, accepted FROM merges ORDER BY candidate")
+        rows = self._query("SELECT candidate, first, second, ancestor, sources, accepted FROM merges "
+                           "ORDER BY candidate")
         return [(c, f, s, a, self._ids("merges", c, "sources", src), bool(acc)) for c, f, s, a, src, acc in rows]
 
     def _ids(self, table: str, row: object, column: str, text: Any) -> tuple[int, ...]:
@@ -701,8 +697,9 @@ class RunArchive:
         return int(newest), int(calls), int(accepted), rejected[0][0].removeprefix("rejected: ") if rejected else ""
 
     def calls_about(self, cid: int) -> list[CallRecord]:
-        rows = self._query("SELECT id, kind, candidate, parents, generation, attempt, prompt_tokens, completion_tokens, "
-                           "latency, verdict FROM reflector_calls WHERE candidate = ? ORDER BY id", (cid,))
+        rows = self._query("SELECT id, kind, candidate, parents, generation, attempt, prompt_tokens, "
+                           "completion_tokens, latency, verdict FROM reflector_calls WHERE candidate = ? ORDER BY id",
+                           (cid,))
         return [CallRecord(k, c, self._ids("reflector_calls", i, "parents", p), g, a, pt, ct, lat, v)
                 for i, k, c, p, g, a, pt, ct, lat, v in rows]
 
@@ -732,6 +729,29 @@ class CheckStore:
                 **self.archive.answers_for(genome, context)}
 
 
+def _candidate_problem(row: Sequence[Any], decoded: dict[str, float] | None) -> str | None:
+    """What is wrong with a candidates row, in words; None when it only differs from what
+    the archive writes in ways that are still right (an integer for a float)."""
+    _, deltas, scratchpad, operator, strategy, generation, status, note, fitness, mean_tokens, correctness, \
+        created = row
+    texts = {"scratchpad": scratchpad, "operator": operator, "strategy": strategy, "status": status, "note": note}
+    scores = {"fitness": (fitness, 1.0), "mean_tokens": (mean_tokens, math.inf), "correctness": (correctness, 1.0)}
+    if decoded is None:
+        return f"deltas is {shown(deltas)}, not a JSON object of cluster ids and finite numbers"
+    if type(generation) is not int or generation < SEED_GENERATION:
+        return f"generation is {shown(generation)}, not an integer >= {SEED_GENERATION}"
+    if as_float(created) is None:
+        return f"created is {shown(created)}, not a finite number"
+    for name, text in texts.items():
+        if not isinstance(text, str):
+            return f"{name} is {shown(text)}, not text"
+    for name, (value, high) in scores.items():
+        number = as_float(value)
+        if value is not None and (number is None or not 0 <= number <= high):
+            return f"{name} is {shown(value)}, not a number {'in [0, 1]' if high == 1 else '>= 0'}"
+    return None
+
+
 def _score(value: Any, high: float) -> bool:
     """A stored score is absent (not assessed yet) or a number in [0, high]."""
     number = as_float(value)
@@ -739,15 +759,22 @@ def _score(value: Any, high: float) -> bool:
 
 
 def _deltas(text: Any) -> dict[str, float] | None:
-    """A candidate's stored deltas, or None when they are not a JSON object of finite numbers."""
+    """A candidate's stored deltas, or None when they are not a JSON object of finite numbers
+    (NaN and Infinity, which Python's parser takes, included)."""
     try:
-        decoded = json.loads(text) if isinstance(text, str) else None
+        decoded = json.loads(text, parse_constant=_not_a_number) if isinstance(text, str) else None
     except ValueError:
         return None
     if not isinstance(decoded, dict):
         return None
+    if set(map(type, decoded.values())) <= {float}:
+        return decoded  # what the archive writes: finite floats (the parser refused the rest)
     values = {key: as_float(value) for key, value in decoded.items()}
     return None if None in values.values() else values  # type: ignore[return-value]
+
+
+def _not_a_number(constant: str) -> float:
+    raise ValueError(f"{constant} is not a finite number")
 
 
 def _table(name: str) -> str:

@@ -6,8 +6,9 @@ identity, and a resume with another value is refused (one line per changed setti
 and new value), or it may change across a resume, and `may_change` says what that means
 for the run. A path is compared by what it holds (the training pool's example ids and
 prompt digests, the clusters' digest, the initial deltas, the model's files), so a file
-moved elsewhere unchanged is the same setting, and weights changed in place are not. The options of the run's strategy are part of it; another
-strategy's options are not used, and not compared.
+moved elsewhere unchanged is the same setting, and weights changed in place are not. The
+options of the run's strategy are part of it; another strategy's options are not used,
+and not compared.
 
 A run started by a compressor_2 that recorded no identity gets this config's recorded at
 its next start (after the strategy and the answer context it did record are compared):
