@@ -28,7 +28,7 @@ from typing import Any
 
 import openai
 
-from compressor_2.api_key import api_key_from_env, masked, remember, scrub
+from compressor_2.api_key import api_key_from_env, masked, remember
 from compressor_2.chat_reply import BadReply, read_completion
 from compressor_2.config import Config
 from compressor_2.endpoint import check_reachable
