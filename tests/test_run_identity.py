@@ -161,7 +161,8 @@ def rows(o: Others) -> dict[str, tuple[dict[str, str | None], dict[str, str | No
         "MODEL": '"gpt-4o-mini"', "BASE_URL": '"http://127.0.0.1:8000/v1"', "API_KEY_ENV": '"OTHER_KEY"',
         "TIMEOUT": "60", "MAX_RETRIES": "1", "MAX_CONSECUTIVE_FAILURES": "2"}.items()}
     judge = {f"JUDGE_{k}": (LLM_JUDGE, {f"JUDGE_{k}": v}) for k, v in {
-        "MODEL": '"gpt-4o"', "BASE_URL": '"http://127.0.0.1:8000/v1"', "API_KEY_ENV": '"OTHER_KEY"'}.items()}
+        "MODEL": '"gpt-4o"', "BASE_URL": '"http://127.0.0.1:8000/v1"', "API_KEY_ENV": '"OTHER_KEY"',
+        "TIMEOUT": "60", "MAX_CONSECUTIVE_FAILURES": "2"}.items()}
     plain = {k: (GA, {k: v}) for k, v in {
         "OUTPUT_DIR": f'"{o.work / "elsewhere"}"', "CLUSTER_DIR": o.cluster_dir(),
         "CLUSTER_DESCRIPTIONS_PATH": o.descriptions(), "INITIAL_DELTAS_PATH": o.initial_deltas(),

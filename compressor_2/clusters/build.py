@@ -14,14 +14,16 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import io
+import json
 import os
+import stat
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from compressor_2.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
+from compressor_2.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text, file_kind
 from compressor_2.clusters.clusterset import (
     FORMAT_VERSION,
     ArtifactPaths,
@@ -39,6 +41,7 @@ from compressor_2.clusters.clusterset import (
 from compressor_2.clusters.describe import describe_clusters
 from compressor_2.clusters.embed import MAX_PIECES, embed_texts
 from compressor_2.clusters.special import RULES_VERSION, number_token_ids, strip_markers
+from compressor_2.clusters.written import claim, written_here
 from compressor_2.clusters.vocab import Vocabulary, load_vocabulary, tokenizer_files_digest
 from compressor_2.config import Config
 from compressor_2.deltas import canonical_ids, fingerprint_path, load_deltas, write_fingerprint
@@ -93,7 +96,15 @@ _LOCKS: dict[Path, int] = {}  # cluster directory -> the open lock file, held un
 def _directory_lock(directory: Path) -> int:
     if directory not in _LOCKS:
         directory.mkdir(parents=True, exist_ok=True)
-        _LOCKS[directory] = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        # Not through a link, and never blocking on a FIFO made there.
+        try:
+            fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+        except OSError as exc:
+            raise ConfigError(f"'{directory / LOCK_FILE}' cannot be opened ({exc.strerror}): remove it") from None
+        if not stat.S_ISREG(mode := os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ConfigError(f"'{directory / LOCK_FILE}' is {file_kind(mode)}, not a regular file: remove it")
+        _LOCKS[directory] = fd
     return _LOCKS[directory]
 
 
@@ -157,6 +168,9 @@ def _rebuild(config: Config, paths: ArtifactPaths, vocab: Vocabulary, inputs: di
     from sklearn.cluster import KMeans
     from sklearn.decomposition import PCA
 
+    for target in (paths.descriptions, paths.initial_deltas):
+        if written_here(paths, target):  # known by the record alone, which goes now: into the ledger
+            claim(paths, target, target.read_bytes())
     paths.record.unlink(missing_ok=True)
     token_clusters = np.full(len(vocab), -1, dtype=np.int64)
     token_clusters[sorted(vocab.eos_ids)] = 0
@@ -181,7 +195,7 @@ def _rebuild(config: Config, paths: ArtifactPaths, vocab: Vocabulary, inputs: di
     _save_joblib(paths.pca, pca)
     _save_joblib(paths.kmeans, kmeans)
     _save_npy(paths.token_clusters, token_clusters)
-    atomic_write_json(paths.descriptions, descriptions)
+    _write_claimed(paths, paths.descriptions, descriptions)
     cluster_ids = tuple(descriptions)
     record = {
         "fingerprint": fingerprint_of(inputs),
@@ -211,8 +225,17 @@ def _rebuild(config: Config, paths: ArtifactPaths, vocab: Vocabulary, inputs: di
 def _is_ours(paths: ArtifactPaths, record: dict[str, Any] | None) -> bool:
     """The initial deltas file is the untouched one a build wrote."""
     ours = (record or {}).get("initial_deltas") or {}
-    return (paths.initial_deltas.is_file() and ours.get("path") == str(paths.initial_deltas)
-            and ours.get("sha256") == file_sha256(paths.initial_deltas))
+    return written_here(paths, paths.initial_deltas) or (
+        paths.initial_deltas.is_file() and ours.get("path") == str(paths.initial_deltas)
+        and ours.get("sha256") == file_sha256(paths.initial_deltas))
+
+
+def _write_claimed(paths: ArtifactPaths, target: Path, content: dict[str, Any]) -> None:
+    """Writes `content` as JSON to `target` (the descriptions, the initial deltas), claimed in
+    the cluster directory's ledger first (clusters/written.py)."""
+    data = (json.dumps(content, indent=2) + "\n").encode("utf-8")
+    claim(paths, target, data)
+    atomic_write_bytes(target, data)
 
 
 def _sync_initial_deltas(paths: ArtifactPaths, cluster_ids: tuple[str, ...], digest: str,
@@ -224,7 +247,7 @@ def _sync_initial_deltas(paths: ArtifactPaths, cluster_ids: tuple[str, ...], dig
     path = paths.initial_deltas
     absent = not path.exists()
     if absent or _is_ours(paths, previous):
-        atomic_write_json(path, {cid: 0.0 for cid in cluster_ids})
+        _write_claimed(paths, path, {cid: 0.0 for cid in cluster_ids})
         write_fingerprint(path, digest)
         if absent:
             print(f"wrote all-zero initial deltas to {path}")

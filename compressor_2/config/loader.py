@@ -34,7 +34,9 @@ MAX_STEPS = 1_000_000  # generations (Kconfig's ranges bound the other strategie
 MAX_WALL_MINUTES = 1e9
 MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 100.0
 MAX_INSTRUCTION = 2000  # characters of CONFIG_COMPARE_INSTRUCTION
-INDICES = r"all|\d+(-\d+)?(\s*,\s*\d+(-\d+)?)*"  # a pool's or held-out set's lines: 'all' or '0,3,5-9'
+# What the transformers engine can run on: `meta` holds no weights, and a typo such as `gpu` is no device.
+DEVICES = r"auto|cpu|mps|(cuda|xpu)(:[0-9]+)?"
+INDICES = r"all|[0-9]+(-[0-9]+)?(\s*,\s*[0-9]+(-[0-9]+)?)*"  # a pool's or held-out set's lines: 'all' or '0,3,5-9'
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,8 @@ class Config:
     judge_model: str
     judge_base_url: str
     judge_api_key_env: str
+    judge_timeout: float
+    judge_max_consecutive_failures: int
     # Reflector
     reflector: ReflectorName
     reflector_model: str
@@ -241,6 +245,11 @@ def _build(r: Reader) -> Config:
                  "FINANCEBENCH_JSONL_PATH", "EMBEDDING_MODEL"):
         require(r.string(name).strip() != "", f"CONFIG_{name} is empty")
 
+    device = r.string("TRANSFORMERS_DEVICE")
+    require(re.fullmatch(DEVICES, device) is not None,
+            f"CONFIG_TRANSFORMERS_DEVICE={device!r} is not a device the transformers engine runs on: write auto, cpu, "
+            "cuda, cuda:N or mps")
+
     strategy = r.choice_suffix("STRATEGY_")
     return Config(
         output_dir=Path(r.string("OUTPUT_DIR")),
@@ -260,7 +269,7 @@ def _build(r: Reader) -> Config:
         max_new_tokens=r.integer("MAX_NEW_TOKENS"),
         temperature=temperature,
         transformers_batch_size=r.integer("TRANSFORMERS_BATCH_SIZE"),
-        transformers_device=r.string("TRANSFORMERS_DEVICE"),
+        transformers_device=device,
         transformers_threads=r.integer("TRANSFORMERS_THREADS"),
         eval_concurrency=r.integer("EVAL_CONCURRENCY"),
         sglang_command=r.string("SGLANG_COMMAND"),
@@ -282,6 +291,8 @@ def _build(r: Reader) -> Config:
         judge_model=r.string("JUDGE_MODEL"),
         judge_base_url=r.string("JUDGE_BASE_URL"),
         judge_api_key_env=r.string("JUDGE_API_KEY_ENV"),
+        judge_timeout=float(r.integer("JUDGE_TIMEOUT")),
+        judge_max_consecutive_failures=r.integer("JUDGE_MAX_CONSECUTIVE_FAILURES"),
         reflector=r.choice({"REFLECTOR_LOCAL": "local", "REFLECTOR_OPENAI": "openai"}),  # type: ignore[arg-type]
         reflector_model=r.string("REFLECTOR_MODEL"),
         reflector_base_url=r.string("REFLECTOR_BASE_URL"),
