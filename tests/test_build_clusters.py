@@ -15,6 +15,7 @@ import pytest
 
 from compressor_2.clusters.build import build_clusters
 from compressor_2.clusters.clusterset import ArtifactPaths, load_cluster_set
+from compressor_2.clusters.layout import UNSTEERED
 from compressor_2.clusters.special import is_number_token
 from compressor_2.clusters.vocab import load_vocabulary
 from compressor_2.config import Config
@@ -41,9 +42,11 @@ def test_artifacts(built: Config, tiny_model_dir: Path) -> None:
     token_clusters = np.load(paths.token_clusters)
     assert token_clusters.dtype == np.int64 and token_clusters.shape == (len(vocab),) == (300,)
     assert set(np.flatnonzero(token_clusters == 0)) == set(vocab.eos_ids) == {0}
+    # <pad>, the tokenizer's other special token, is in no cluster.
+    assert set(np.flatnonzero(token_clusters == UNSTEERED)) == set(vocab.unsteered_ids) == {1}
     numbers = {i for i, text in enumerate(vocab.texts) if i not in vocab.eos_ids and is_number_token(text)}
     assert set(np.flatnonzero(token_clusters == 1)) == numbers and len(numbers) > 10
-    assert set(token_clusters) == {0, 1, 2, 3, 4}
+    assert set(token_clusters) == {UNSTEERED, 0, 1, 2, 3, 4}
 
     embeddings = np.load(paths.embeddings)
     assert embeddings.shape == (300, 384) and embeddings.dtype == np.float32
@@ -165,7 +168,7 @@ def test_no_half_built_set_is_trusted(tmp_path: Path, tiny_model_dir: Path) -> N
     with pytest.raises(ConfigError, match="token_clusters.npy does not match"):
         load_cluster_set(config)
     build_clusters(config)
-    assert set(load_cluster_set(config).token_clusters) == {0, 1, 2, 3, 4}
+    assert set(load_cluster_set(config).token_clusters) == {UNSTEERED, 0, 1, 2, 3, 4}
 
 
 def test_missing_clusters_name_the_command(tmp_path: Path, tiny_model_dir: Path) -> None:

@@ -273,7 +273,8 @@ class SGLangEngine:
 
     def _probe_cluster(self) -> int:
         """The smallest cluster that has tokens: the least likely to be chosen unsteered."""
-        counts = np.bincount(self.clusters.token_clusters, minlength=len(self.clusters.cluster_ids))
+        mapped = self.clusters.token_clusters[self.clusters.token_clusters >= 0]  # unsteered tokens: none
+        counts = np.bincount(mapped, minlength=len(self.clusters.cluster_ids))
         sizes = np.where(counts > 0, counts, np.iinfo(counts.dtype).max)
         return int(np.argmin(sizes[: len(self.clusters.cluster_ids)]))
 
