@@ -7,6 +7,10 @@ the rows that sent this processor's string, one `custom_params` entry per row:
      "token_clusters": "/abs/token_clusters.npy",  # optional: the cluster map
      "fingerprint": "<build fingerprint>"}       # optional: checked against the map
 
+or, instead of the path, "cluster_map": the map itself (`encode_cluster_map`), which
+the steering probe sends to tell a server that cannot import this class from one that
+cannot read the map's file.
+
 A row without params (None, or a dict without "deltas") gets the class's baked-in
 `default_deltas`; a row without "token_clusters" uses the class's embedded
 `default_cluster_map`. `generate-processor` bakes both into a standalone copy of this
@@ -141,8 +145,11 @@ class SteeringProcessor:
         if not deltas:
             return None  # none: the unsteered row needs no work
         path = params.get("token_clusters")
-        if path is None:
-            key: Any = ("embedded", cls.default_cluster_map)
+        inline = params.get("cluster_map")
+        if isinstance(inline, str) and inline:
+            key: Any = ("embedded", inline)
+        elif path is None:
+            key = ("embedded", cls.default_cluster_map)
         elif isinstance(path, str):
             key = ("path", path, str(params.get("fingerprint", "")))
         else:
