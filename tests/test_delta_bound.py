@@ -120,3 +120,31 @@ def test_crossover_and_merges_of_bounded_parents_stay_bounded():
         child = weighted_average(a, b, fa, fb)
         merged, _ = merge_components(ancestor, a, b, fa, fb, (1, 2), 1e-6, rng)
         assert all(abs(v) <= DELTA_BOUND for v in child + merged)
+
+
+@pytest.mark.slow
+def test_a_run_whose_reflector_proposes_huge_deltas_keeps_every_candidate_within_the_bound(
+        tmp_path, shared, tiny_model_dir, monkeypatch):
+    from compressor_2.evolve import evolve
+    from tests.fakes.openai_server import FakeOpenAIServer, chat_completion
+    from tests.test_evolution_support import config_for, query
+
+    monkeypatch.setenv("C2_TEST_REFLECTOR_KEY", "sk-test")
+    calls: list[dict] = []
+
+    def answer(body: dict) -> tuple[int, object]:
+        calls.append(body)
+        if "delta" in body["response_format"]["json_schema"]["schema"]["properties"]:
+            huge = 1e6 if len(calls) % 2 else -1e6
+            return 200, chat_completion(json.dumps({"delta": huge, "scratchpad": "all in"}))
+        return 200, chat_completion('{"scratchpad": "merged"}')
+
+    with FakeOpenAIServer(answer) as server:
+        config = config_for(tmp_path, shared, tiny_model_dir, NGEN="2", REFLECTOR_OPENAI="y",
+                            REFLECTOR_BASE_URL=f'"{server.base_url}"', REFLECTOR_MODEL='"fake-reflector"',
+                            REFLECTOR_API_KEY_ENV='"C2_TEST_REFLECTOR_KEY"', REFLECTOR_MAX_RETRIES="0")
+        evolve(config)
+    values = [v for (deltas,) in query(config.output_dir, "SELECT deltas FROM candidates")
+              for v in json.loads(deltas).values()]
+    assert max(map(abs, values)) == DELTA_BOUND and calls
+    assert max(map(abs, json.loads((config.output_dir / "deltas_best.json").read_text()).values())) <= DELTA_BOUND

@@ -185,8 +185,8 @@ def test_a_timed_out_request_is_sent_again(tmp_path, tiny_model_dir, clusters, c
                 [answer] = engine.generate(batch)
         with SGLangEngine.from_config(attached, clusters) as again:
             assert again.generate(batch) == [answer]
-    assert f"gave no answer to request 0 (prompt ending 'Revenue was') within 2 s (CONFIG_SGLANG_REQUEST_TIMEOUT): sending it " \
-           f"again (1 of at most {TIMEOUT_RETRIES})" in caplog.text
+    assert ("gave no answer to request 0 (prompt ending 'Revenue was') within 2 s (CONFIG_SGLANG_REQUEST_TIMEOUT): "
+            f"sending it again (1 of at most {TIMEOUT_RETRIES})") in caplog.text
 
 
 def test_a_request_that_keeps_timing_out_stops_the_run_naming_the_setting(tmp_path, tiny_model_dir, clusters):
@@ -195,7 +195,7 @@ def test_a_request_that_keeps_timing_out_stops_the_run_naming_the_setting(tmp_pa
         _warm(url)
         attached = config(tmp_path, tiny_model_dir, sglang_urls=(url,), sglang_request_timeout=1.0)
         with SGLangEngine.from_config(attached, clusters) as engine:
-            with pytest.raises(RunError, match=rf"gave no answer to request 0 \(prompt ending 'Revenue was'\) within 1 s "
-                                               rf"\(CONFIG_SGLANG_REQUEST_TIMEOUT\), {TIMEOUT_RETRIES + 1} times "
-                                               r"in a row: raise CONFIG_SGLANG_REQUEST_TIMEOUT"):
+            with pytest.raises(RunError, match=r"gave no answer to request 0 \(prompt ending 'Revenue was'\) "
+                                               rf"within 1 s \(CONFIG_SGLANG_REQUEST_TIMEOUT\), {TIMEOUT_RETRIES + 1} "
+                                               r"times in a row: raise CONFIG_SGLANG_REQUEST_TIMEOUT"):
                 engine.generate([GenerationRequest(PROMPTS[0], (0.0, 0.0, 0.0))])

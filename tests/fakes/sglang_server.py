@@ -48,12 +48,13 @@ test_sglang_contract.py checks those parts against SGLang's own code):
 - For the tests: GET /fake_stats (request counts, requests in flight, processor calls
   and rows per call, prompt tokens prefilled) and --fake-request-log FILE (one JSON line
   per POST); --fake-stall N,M,...: the N-th, M-th, ... generation requests to arrive sit
-  unanswered for STALL seconds (past a client's timeout), then are served. For the router benchmark: --fake-generate-delay D
-  with --fake-max-running K, a worker that takes D seconds per request and serves at most
-  K at once; --fake-prefill-per-token S with --fake-prefix-cache T, a worker that spends
-  S seconds on every prompt token it has not cached, and caches the prompts it saw, the
-  least recently used dropped past T tokens (the prefix of a prompt matched against the
-  longest cached one, as a radix cache matches).
+  unanswered for STALL seconds (past a client's timeout), then are served. For the router
+  benchmark: --fake-generate-delay D with --fake-max-running K, a worker that takes D
+  seconds per request and serves at most K at once; --fake-prefill-per-token S with
+  --fake-prefix-cache T, a worker that spends S seconds on every prompt token it has not
+  cached, and caches the prompts it saw, the least recently used dropped past T tokens
+  (the prefix of a prompt matched against the longest cached one, as a radix cache
+  matches).
 
 The "model" is a deterministic toy over the tokenizer in --model-path: fixed random
 logits per (prompt, position), with an EOS logit that rises with the position, so a
