@@ -11,8 +11,6 @@ the install. Each shortfall is one line saying what was found and what to do; ex
 there is one, 0 when the host can run the stack.
 """
 
-from __future__ import annotations
-
 import argparse
 import re
 import sys

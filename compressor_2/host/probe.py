@@ -2,8 +2,6 @@
 compute capability (`nvidia-smi`), the C library (`ldd --version`), and an interpreter's
 implementation, version, ABI and machine (a one-line probe that any Python 3 runs)."""
 
-from __future__ import annotations
-
 import os
 import re
 import subprocess
@@ -34,7 +32,8 @@ class Interpreter(NamedTuple):
 def _output(command: List[str]) -> Tuple[int, str]:
     """(exit status, stdout and stderr) of a host tool."""
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=_TIMEOUT)
+        done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              universal_newlines=True, timeout=_TIMEOUT)
     except (FileNotFoundError, PermissionError):
         raise ProbeError(f"{command[0]} not found") from None
     except subprocess.TimeoutExpired:

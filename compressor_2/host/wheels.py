@@ -13,8 +13,6 @@ every wheel (their file names), `Requires-Python`, and the CUDA major version th
 runs on (`cuda-toolkit==13.0.3`, `nvidia-*-cu13` and `[cu13]` extras in `Requires-Dist`).
 """
 
-from __future__ import annotations
-
 import email.parser
 import html.parser
 import io
