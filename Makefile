@@ -80,6 +80,7 @@ run: $(STAMP) $(CONFIG)
 
 bench: $(STAMP)
 	@# The optimiser comparison runs its quick mode here; its full run takes ~30 minutes.
+	@# bench_clusters.py includes a cold build of a 152k-token vocabulary: ~10 minutes on 2 CPU cores.
 	@for b in benchmarks/bench_*.py benchmarks/calibrate_judge.py; do \
 	  args=; [ $$b = benchmarks/bench_optimisers.py ] && args=--quick; \
 	  echo "== $$b $$args"; $(PY) $$b $$args || exit 1; done

@@ -5,8 +5,8 @@ the calling one: on a GPU host that is the evolve process, which goes on to laun
 use) an SGLang server told to take most of GPU 0's memory, and a CUDA context, once made,
 lives as long as its process (PyTorch has no call that destroys it; `torch.cuda.empty_cache()`
 returns cached blocks, not the context's own few hundred MB). The child's context ends with
-the child. The other ways out were worse: the CPU in this process took 849 s for a 152k
-vocabulary on 2 cores, where a GPU takes seconds. Without a driver no context can be made,
+the child. The other way out was worse: the CPU in this process takes minutes for a 152k
+vocabulary (561 s on 2 shared cores, benchmarks/bench_clusters.py), where a GPU takes seconds. Without a driver no context can be made,
 and the child's start-up (its imports, several seconds on a small machine) is not paid.
 """
 
