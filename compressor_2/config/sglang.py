@@ -185,11 +185,12 @@ def deterministic_flags(command: list[str], deterministic: bool, capabilities: S
         raise ConfigError(f"CONFIG_SGLANG_COMMAND has {ATTENTION_FLAG} {backend}, on which SGLang cannot run "
                           f"deterministic inference (it takes {', '.join(DETERMINISTIC_BACKENDS)}): choose one of "
                           "those, or set CONFIG_SGLANG_DETERMINISTIC=n")
-    old = sorted({major for major, _ in capabilities if major not in (*FA3_MAJORS, *FLASHINFER_FALLBACK_MAJORS)})
-    if old and backend == "fa3":
+    # GPUs on which SGLang's fallback, fa3, asserts (V100, T4).
+    no_fa3 = sorted({major for major, _ in capabilities if major not in (*FA3_MAJORS, *FLASHINFER_FALLBACK_MAJORS)})
+    if no_fa3 and backend == "fa3":
         raise ConfigError(f"CONFIG_SGLANG_COMMAND has {ATTENTION_FLAG} fa3, whose kernels need an SM80-SM90 GPU, "
-                          f"but this server gets SM{old[0]}x GPUs: use {ATTENTION_FLAG} {PORTABLE_BACKEND}")
+                          f"but this server gets SM{no_fa3[0]}x GPUs: use {ATTENTION_FLAG} {PORTABLE_BACKEND}")
     added = [] if DETERMINISTIC_FLAG in command else [DETERMINISTIC_FLAG]
-    if old and backend is None:
+    if no_fa3 and backend is None:
         added += [ATTENTION_FLAG, PORTABLE_BACKEND]  # SGLang's fallback there, fa3, would assert
     return added
