@@ -25,6 +25,9 @@ from tests.sglang_helpers import ATTACHABLE, fake_server, logged_requests, probe
 
 FLAG = "--enable-deterministic-inference"
 PROMPTS = ["Revenue was", "Total assets"]
+# The request timeout of the slow-request tests: far above a healthy answer of the warm toy
+# model on a busy machine, far below the stall (tests/fakes/sglang_server.py's STALL, 30 s).
+TIMEOUT = 8.0
 
 
 @pytest.fixture(scope="module")
@@ -170,32 +173,35 @@ def test_a_launched_interpreter_without_compressor_2_is_refused_naming_the_comma
 
 
 def _warm(url: str) -> None:
-    """The toy model's first request loads torch (seconds): before the short timeouts below."""
+    """The toy model's first request loads torch (seconds): before the timeouts below."""
     httpx.post(url + "/generate", json={"text": "warm", "sampling_params": {"max_new_tokens": 1}}, timeout=120)
 
 
+@pytest.mark.slow  # a request timeout of TIMEOUT
 def test_a_timed_out_request_is_sent_again(tmp_path, tiny_model_dir, clusters, caplog):
     # Request 1 warms the model, 2-5 are the probes, 6 (the run's first) stalls past the timeout.
     with fake_server(tiny_model_dir, *ATTACHABLE, "--fake-stall", "6") as url:
         _warm(url)
-        attached = config(tmp_path, tiny_model_dir, sglang_urls=(url,), sglang_request_timeout=2.0)
+        attached = config(tmp_path, tiny_model_dir, sglang_urls=(url,), sglang_request_timeout=TIMEOUT)
         batch = [GenerationRequest(PROMPTS[0], (0.0, 0.0, 0.0))]
         with caplog.at_level(logging.WARNING, logger="compressor_2.engines"):
             with SGLangEngine.from_config(attached, clusters) as engine:
                 [answer] = engine.generate(batch)
         with SGLangEngine.from_config(attached, clusters) as again:
             assert again.generate(batch) == [answer]
-    assert ("gave no answer to request 0 (prompt ending 'Revenue was') within 2 s (CONFIG_SGLANG_REQUEST_TIMEOUT): "
-            f"sending it again (1 of at most {TIMEOUT_RETRIES})") in caplog.text
+    assert (f"gave no answer to request 0 (prompt ending 'Revenue was') within {TIMEOUT:g} s "
+            f"(CONFIG_SGLANG_REQUEST_TIMEOUT): sending it again (1 of at most {TIMEOUT_RETRIES})") in caplog.text
 
 
+@pytest.mark.slow  # three request timeouts of TIMEOUT
 def test_a_request_that_keeps_timing_out_stops_the_run_naming_the_setting(tmp_path, tiny_model_dir, clusters):
     stalled = ",".join(str(n) for n in range(6, 6 + TIMEOUT_RETRIES + 1))
     with fake_server(tiny_model_dir, *ATTACHABLE, "--fake-stall", stalled) as url:
         _warm(url)
-        attached = config(tmp_path, tiny_model_dir, sglang_urls=(url,), sglang_request_timeout=1.0)
+        attached = config(tmp_path, tiny_model_dir, sglang_urls=(url,), sglang_request_timeout=TIMEOUT)
         with SGLangEngine.from_config(attached, clusters) as engine:
             with pytest.raises(RunError, match=r"gave no answer to request 0 \(prompt ending 'Revenue was'\) "
-                                               rf"within 1 s \(CONFIG_SGLANG_REQUEST_TIMEOUT\), {TIMEOUT_RETRIES + 1} "
-                                               r"times in a row: raise CONFIG_SGLANG_REQUEST_TIMEOUT"):
+                                               rf"within {TIMEOUT:g} s \(CONFIG_SGLANG_REQUEST_TIMEOUT\), "
+                                               rf"{TIMEOUT_RETRIES + 1} times in a row: raise "
+                                               r"CONFIG_SGLANG_REQUEST_TIMEOUT"):
                 engine.generate([GenerationRequest(PROMPTS[0], (0.0, 0.0, 0.0))])
