@@ -76,8 +76,10 @@ IDLE = {"MAX_IDLE_STEPS": "2", "MAX_WALL_MINUTES": '"2"'}
 STRATEGIES = {
     "ga": {"NGEN": "100", "POPULATION_SIZE": "2", "CXPB": '"0"', "MUTPB": '"1"'},
     "archive": {"STRATEGY_ARCHIVE": "y", "ARCHIVE_ITERATIONS": "100", "ARCHIVE_GENERATORS": '"cluster,vector"'},
-    # 50 lies beyond the bound on every delta: every proposal is clamped to 30, the same genome each time.
-    "archive, clamped": {"STRATEGY_ARCHIVE": "y", "ARCHIVE_ITERATIONS": "100", "ARCHIVE_GENERATORS": '"cluster,vector"'},
+    # 50 is clamped to the bound on every delta, 30, which lies outside this post-check's [-20, 20]:
+    # every proposal is refused before evaluation.
+    "archive, clamped": {"STRATEGY_ARCHIVE": "y", "ARCHIVE_ITERATIONS": "100", "ARCHIVE_GENERATORS": '"cluster,vector"',
+                         "ARCHIVE_DELTA_LIMIT": '"20"'},
     "gepa": {"STRATEGY_GEPA": "y", "MAX_METRIC_CALLS": "100000", "GEPA_VALSET_SIZE": "2", "GEPA_MINIBATCH_SIZE": "1",
              "GEPA_VAL_OVERLAP_FLOOR": "1", "GEPA_MERGE_SUBSAMPLE": "2"},
     "random": {"STRATEGY_RANDOM": "y", "RANDOM_BATCHES": "100", "RANDOM_BATCH_SIZE": "2", "RANDOM_SCALE": '"1e-12"'},
