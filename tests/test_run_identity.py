@@ -156,7 +156,8 @@ def rows(o: Others) -> dict[str, tuple[dict[str, str | None], dict[str, str | No
     sglang = {f"SGLANG_{k}": (SGLANG, {f"SGLANG_{k}": v}) for k, v in {
         "COMMAND": '"python -m sglang.launch_server --mem-fraction-static 0.8"', "URLS": '"http://127.0.0.1:30001"',
         "PORT": "30001", "ALLOW_REMOTE": "y", "STARTUP_TIMEOUT": "60", "POLL_INTERVAL": '"1"',
-        "REQUEST_TIMEOUT": "60", "MAX_RESTARTS": "1", "STOP_GRACE": "5", "ALLOW_OTHER_MODEL": "y", "API": '"completions"'}.items()}
+        "REQUEST_TIMEOUT": "60", "MAX_RESTARTS": "1", "STOP_GRACE": "5", "ALLOW_OTHER_MODEL": "y", "API": '"completions"',
+        "DETERMINISTIC": "n"}.items()}
     reflector = {f"REFLECTOR_{k}": (OPENAI, {f"REFLECTOR_{k}": v}) for k, v in {
         "MODEL": '"gpt-4o-mini"', "BASE_URL": '"http://127.0.0.1:8000/v1"', "API_KEY_ENV": '"OTHER_KEY"',
         "TIMEOUT": "60", "MAX_RETRIES": "1", "MAX_CONSECUTIVE_FAILURES": "2"}.items()}

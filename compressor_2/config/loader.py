@@ -73,6 +73,7 @@ class Config:
     sglang_port: int
     sglang_allow_remote: bool
     sglang_allow_other_model: bool
+    sglang_deterministic: bool
     sglang_startup_timeout: float
     sglang_poll_interval: float
     sglang_request_timeout: float
@@ -278,6 +279,7 @@ def _build(r: Reader) -> Config:
         sglang_port=r.integer("SGLANG_PORT"),
         sglang_allow_remote=r.flag("SGLANG_ALLOW_REMOTE"),
         sglang_allow_other_model=r.flag("SGLANG_ALLOW_OTHER_MODEL"),
+        sglang_deterministic=r.flag("SGLANG_DETERMINISTIC"),
         sglang_startup_timeout=float(r.integer("SGLANG_STARTUP_TIMEOUT")),
         sglang_poll_interval=r.number("SGLANG_POLL_INTERVAL", 0.01, 3600),
         sglang_request_timeout=float(r.integer("SGLANG_REQUEST_TIMEOUT")),

@@ -130,6 +130,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(MODEL_SETTING, ("MODEL_PATH",), lambda c, _: model_identity(c)),
     Setting("CONFIG_MAX_NEW_TOKENS", ("MAX_NEW_TOKENS",), lambda c, _: c.max_new_tokens),
     Setting("CONFIG_TEMPERATURE", ("TEMPERATURE",), lambda c, _: c.temperature),
+    # Whether a cached answer is the genome's one answer or one draw among its batches'.
+    Setting("CONFIG_SGLANG_DETERMINISTIC", ("SGLANG_DETERMINISTIC",),
+            lambda c, _: c.sglang_deterministic if c.engine == "sglang" else None),
     Setting("CONFIG_JUDGE_*", ("JUDGE_*",), lambda c, _: c.judge),
     Setting("CONFIG_CORRECTNESS_TOLERANCE", ("CORRECTNESS_TOLERANCE",), lambda c, _: c.correctness_tolerance),
     Setting("CONFIG_JUDGE_MODEL", ("JUDGE_MODEL",), lambda c, _: c.judge_model if c.judge != "numeric" else None),
