@@ -28,7 +28,7 @@ from tests.sglang_helpers import FAKE_SERVER, free_port
 from tests.sglang_wheel import cache_dir
 
 ROUTER_VERSION = "0.3.2"
-STARTUP_TIMEOUT = 60.0  # seconds for a router or a worker to answer
+STARTUP_TIMEOUT = 300.0  # seconds for a router or a worker to answer: a hang guard for a loaded machine
 STOP_GRACE = 5.0  # seconds between SIGTERM and SIGKILL
 
 

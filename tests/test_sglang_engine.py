@@ -40,6 +40,7 @@ ZEROS = (0.0, 0.0, 0.0)
 EOS_SOONER = (3.0, 0.0, 0.0)  # cluster 0 is EOS
 EOS_FIRST = (50.0, 0.0, 0.0)
 EOS_NEVER = (-50.0, 0.0, 0.0)
+GATHERED = "[gathered]"  # a prompt holding this waits at the fake until 4 such are in flight
 MAX_NEW = 24  # sglang_config's max_new_tokens
 
 
@@ -51,7 +52,8 @@ def clusters(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir: Path, clusters: ClusterSet, tmp_path_factory: pytest.TempPathFactory):
     """One launched fake server shared by the tests that do not break it."""
-    config = sglang_config(tmp_path_factory.mktemp("run"), tiny_model_dir, "--fake-generate-delay", "0.05")
+    config = sglang_config(tmp_path_factory.mktemp("run"), tiny_model_dir, "--fake-generate-delay", "0.05",
+                           "--fake-gather", f"{GATHERED}:4")
     engine = SGLangEngine.from_config(config, clusters)
     yield engine
     engine.close()
@@ -83,9 +85,11 @@ def test_eos_delta_changes_the_answers(engine: SGLangEngine):
 
 
 def test_requests_run_concurrently_within_the_bound(engine: SGLangEngine):
-    engine.generate(requests(ZEROS, EOS_SOONER, EOS_FIRST))  # 12 requests, concurrency 4
-    stats = fake_stats(engine.urls[0])
-    assert 1 < stats["max_in_flight"] <= 4
+    # The fake holds these prompts until 4 are in flight: a client that sent them one at a
+    # time would leave each waiting out STALL alone, and the count below at 1.
+    gathered = [GenerationRequest(f"{GATHERED} {p}", v) for v in (ZEROS, EOS_SOONER, EOS_FIRST) for p in PROMPTS]
+    engine.generate(gathered)  # 12 requests, concurrency 4
+    assert fake_stats(engine.urls[0])["max_in_flight"] == 4
 
 
 def test_one_server_and_one_processor_string_for_every_call(engine: SGLangEngine, reference):

@@ -48,7 +48,9 @@ test_sglang_contract.py checks those parts against SGLang's own code):
 - For the tests: GET /fake_stats (request counts, requests in flight, processor calls
   and rows per call, prompt tokens prefilled) and --fake-request-log FILE (one JSON line
   per POST); --fake-stall N,M,...: the N-th, M-th, ... generation requests to arrive sit
-  unanswered for STALL seconds (past a client's timeout), then are served. For the router
+  unanswered for STALL seconds (past a client's timeout), then are served;
+  --fake-gather TEXT:K: requests whose prompt holds TEXT wait until K of them are in
+  flight (concurrency proven without a race against the clock). For the router
   benchmark: --fake-generate-delay D with --fake-max-running K, a worker that takes D
   seconds per request and serves at most K at once; --fake-prefill-per-token S with
   --fake-prefix-cache T, a worker that spends S seconds on every prompt token it has not
@@ -128,6 +130,11 @@ COMPLETION_SAMPLING: dict[str, tuple[str, Any]] = {
 }
 
 
+def gather_spec(text: str) -> tuple[str, int]:
+    marker, _, size = text.rpartition(":")
+    return marker, int(size)
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model-path", "--model", required=True)
@@ -157,6 +164,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--fake-step-delay", type=float, default=0.0, help="seconds per decode step")
     parser.add_argument("--fake-stall", type=lambda text: {int(n) for n in text.split(",")}, default=set(),
                         metavar="N,M", help="these generation requests (by arrival) wait STALL seconds")
+    parser.add_argument("--fake-gather", type=gather_spec, default=None, metavar="TEXT:K",
+                        help="requests whose prompt holds TEXT wait until K of them are in flight, then go on "
+                             "together (after STALL seconds without K, they go on alone)")
     parser.add_argument("--fake-prefill-per-token", type=float, default=0.0, metavar="S",
                         help="seconds per prompt token not in the prefix cache")
     parser.add_argument("--fake-prefix-cache", type=int, default=0, metavar="T",
@@ -449,6 +459,8 @@ class FakeServer:
         self.max_rows_per_call = 0
         slots = args.fake_max_running
         self.running_slots = threading.BoundedSemaphore(slots) if slots else contextlib.nullcontext()
+        # --fake-gather: proof of concurrency that no scheduling delay can fake or hide.
+        self.gathering = threading.Barrier(args.fake_gather[1]) if args.fake_gather else None
         self.attention_backend, self.radix_off = resolve_attention(args, gpu_capability())
         self.prefix_cache = PrefixCache(args.fake_prefix_cache)
         self.prefilled_tokens = 0
@@ -578,12 +590,21 @@ class FakeServer:
                 return 400, FLAG_MISSING
             if arrived in self.args.fake_stall:
                 time.sleep(STALL)
+            self._gather(text, input_ids)
             with self.running_slots:
                 time.sleep(self.args.fake_generate_delay)
                 return self._generate(text, input_ids, sampling, spec, rid)
         finally:
             with self.lock:
                 self.in_flight -= 1
+
+    def _gather(self, text: str | None, input_ids: list[int] | None) -> None:
+        if self.gathering is None:
+            return
+        prompt = text if text is not None else self.model().decode(input_ids or [])
+        if self.args.fake_gather[0] in prompt:
+            with contextlib.suppress(threading.BrokenBarrierError):
+                self.gathering.wait(timeout=STALL)
 
     def _maybe_crash(self, arrived: int) -> None:
         after, marker = self.args.fake_crash_after, self.args.fake_crash_marker
