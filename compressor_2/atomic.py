@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from compressor_2.errors import ConfigError, RunError
+from compressor_2.file_kinds import file_kind
 
 # `_temp_file`'s names: mkstemp puts 8 characters of this alphabet between prefix and suffix.
 TEMP_NAME = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
@@ -70,16 +71,6 @@ def why_unwritable(directory: Path) -> str | None:
     except OSError as exc:
         return f"cannot be written ({exc.strerror})"
     return None
-
-
-def file_kind(mode: int) -> str:
-    """What kind of file `mode` (an lstat's) is, for a message."""
-    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),
-                       (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"),
-                       (stat.S_ISREG, "a regular file")):
-        if test(mode):
-            return name
-    return "not a regular file"
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:

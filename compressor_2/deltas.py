@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from compressor_2.errors import ConfigError
+from compressor_2.file_kinds import check_readable_file
 from compressor_2.json_values import as_float, shown
 
 Deltas = dict[str, float]
@@ -73,6 +74,7 @@ def validate_deltas(deltas: Mapping[str, object], expected_ids: Iterable[str], s
 
 def load_deltas(path: str | Path, expected_ids: Iterable[str]) -> Deltas:
     path = Path(path)
+    check_readable_file(path, "deltas file")
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from compressor_2.archive.database import ARCHIVE_FILE
-from compressor_2.atomic import file_kind, why_unwritable
+from compressor_2.atomic import why_unwritable
+from compressor_2.file_kinds import file_kind
 from compressor_2.clusters.clusterset import ArtifactPaths
 from compressor_2.clusters.written import LEDGER_FILE, why_not_writable, written_here
 from compressor_2.config import Config

@@ -122,12 +122,16 @@ class Scene:
         """A symbolic link, a FIFO or a device node (a copy of /dev/full, as root only)."""
         import os
         import stat
+        import threading
 
         path = self.work / kind
         if kind == "link":
             path.symlink_to(self.work / "elsewhere.txt")
         elif kind == "fifo":
             os.mkfifo(path)
+            # A writer for a reader that should never have opened it: the read then ends at
+            # once (and fails its row) instead of waiting for ever. Unused, it waits unseen.
+            threading.Thread(target=lambda: path.open("w").close(), daemon=True).start()
         else:
             try:
                 os.mknod(path, stat.S_IFCHR | 0o666, os.stat("/dev/full").st_rdev)
@@ -381,6 +385,14 @@ CASES = [
          2, r"generate-processor --out '.*device' is a device, not a regular file"),
     Case("evaluate --out a FIFO", lambda s: s.command("evaluate", "--out", str(s.special("fifo"))),
          2, r"evaluate --out '.*fifo' is a FIFO, not a regular file"),
+    # Read, a FIFO waits for a writer for ever; the scene's writer turns that hang into a failure.
+    Case("evaluate --deltas a FIFO", lambda s: s.command("evaluate", "--deltas", str(s.special("fifo"))),
+         2, r"deltas file '.*fifo' is a FIFO, not a regular file: name the file itself"),
+    Case("evaluate --data a FIFO", lambda s: s.command("evaluate", "--data", str(s.special("fifo"))),
+         2, r"FinanceBench file '.*fifo' is a FIFO, not a regular file"),
+    Case("a prompt template that is a FIFO",
+         lambda s: s.command("evaluate", PROMPT_TEMPLATE_PATH=f'"{s.special("fifo")}"'),
+         2, r"prompt template '.*fifo' is a FIFO, not a regular file"),
     Case("evaluate --out the run's prompt log",
          lambda s: s.command("evaluate", "--out", str(s.finished_run() / "reflector_prompts" / "notes.txt")),
          2, r"evaluate --out '.*out/reflector_prompts/notes\.txt' is a file of the run in '.*out'"),

@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from compressor_2.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text, file_kind
+from compressor_2.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
+from compressor_2.file_kinds import file_kind
 from compressor_2.clusters.clusterset import (
     FORMAT_VERSION,
     ArtifactPaths,

@@ -17,6 +17,7 @@ from compressor_2.config import Config
 from compressor_2.data.example import Example
 from compressor_2.data.prompt import DEFAULT_TEMPLATE, build_prompt, load_template
 from compressor_2.errors import ConfigError
+from compressor_2.file_kinds import check_readable_file
 
 _RANGE = re.compile(r"(\d+)(?:-(\d+))?")
 
@@ -88,6 +89,7 @@ def holdout_examples(config: Config, pool: Sequence[Example]) -> list[Example]:
 
 
 def _read_records(path: Path) -> list[dict[str, Any]]:
+    check_readable_file(path, "FinanceBench file")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from compressor_2.errors import ConfigError
+from compressor_2.file_kinds import check_readable_file
 
 DEFAULT_TEMPLATE = "Evidence:\n{evidence}\n\nQuestion: {question}"
 PLACEHOLDERS = ("{question}", "{evidence}")
@@ -16,6 +17,7 @@ def load_template(path: Path | None) -> str:
     """The template at `path` (placeholders {question} and {evidence}), or the built-in one."""
     if path is None:
         return DEFAULT_TEMPLATE
+    check_readable_file(path, "prompt template")
     try:
         template = path.read_text(encoding="utf-8")
     except OSError as exc:

@@ -17,7 +17,7 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-from compressor_2.atomic import file_kind
+from compressor_2.file_kinds import file_kind
 from compressor_2.errors import ConfigError, RunError
 
 LOCK_FILE = "run.lock"
