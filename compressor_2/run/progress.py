@@ -42,6 +42,11 @@ def say(line: str) -> None:
     tqdm.write(line)
 
 
+def plural(noun: str) -> str:
+    """"generation" -> "generations", "batch" -> "batches"."""
+    return noun + ("es" if noun.endswith(("s", "sh", "ch", "x", "z")) else "s")
+
+
 def ordinal(generation: int, ngen: int) -> str:
     """Generations are 0-based, as in file names and history.json: "2 (3 of 6)"."""
     return f"{generation} ({generation + 1} of {ngen})"

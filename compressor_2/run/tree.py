@@ -17,6 +17,7 @@ always shows what the archive holds; tree.json is a copy for other tools.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -107,7 +108,7 @@ class EvolutionTree:
 
     def render(self, path: Path) -> None:
         """Generations left to right (population, offspring, mutated columns); node colour
-        and label are the fitness."""
+        and label are the fitness ("?" for a candidate never assessed)."""
         graph = self.graph
         if not graph:
             return
@@ -120,7 +121,8 @@ class EvolutionTree:
             nx.draw_networkx_edges(graph, pos, edgelist=edges, edge_color=colour, style=style,
                                    arrows=True, arrowsize=8, ax=ax, node_size=420)
         nodes = list(graph.nodes)
-        fitness = [graph.nodes[n]["fitness"] for n in nodes]
+        # A run stopped inside its first step has placed candidates it never assessed.
+        fitness = [math.nan if graph.nodes[n]["fitness"] is None else graph.nodes[n]["fitness"] for n in nodes]
         drawn = nx.draw_networkx_nodes(graph, pos, nodelist=nodes, node_color=fitness, cmap="RdYlGn",
                                        node_size=420, ax=ax)
         for category, colour in SELECTED_STYLE.items():
@@ -129,7 +131,7 @@ class EvolutionTree:
                 nx.draw_networkx_nodes(graph, pos, nodelist=chosen, node_color="none", edgecolors=colour,
                                        linewidths=2.5, node_size=620, ax=ax)
         if len(nodes) <= MAX_LABELLED_NODES:
-            nx.draw_networkx_labels(graph, pos, {n: f"{graph.nodes[n]['fitness']:.3f}" for n in nodes},
+            nx.draw_networkx_labels(graph, pos, {n: "?" if math.isnan(f) else f"{f:.3f}" for n, f in zip(nodes, fitness)},
                                     font_size=6, font_color="black", ax=ax)
         fig.colorbar(drawn, ax=ax, label="fitness", fraction=0.03)
         generations = sorted({d["generation"] for _, d in graph.nodes(data=True)})

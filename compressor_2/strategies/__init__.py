@@ -1,14 +1,15 @@
-"""Evolution strategies: one loop each, chosen by CONFIG_STRATEGY (a Kconfig choice whose
-entry `STRATEGY_<NAME>` selects `compressor_2/strategies/<name>.py`). A strategy's private
-arithmetic stands beside its loop (`ga_*.py`, `gepa_pareto.py`, `archive_ops.py`;
-`search.py` is the loop random and CMA-ES share); `operators.py` holds what several use.
+"""Evolution strategies: the decisions of each, chosen by CONFIG_STRATEGY (a Kconfig choice
+whose entry `STRATEGY_<NAME>` selects `compressor_2/strategies/<name>.py`); the run's
+driver (`run/driver.py`) runs every one's loop. A strategy's private arithmetic stands
+beside it (`ga_*.py`, `gepa_pareto.py`, `archive_ops.py`; `search.py` holds the steps
+random and CMA-ES share); `operators.py` holds what several use.
 
 A strategy module provides:
 - `estimate(config, n_examples) -> Cost`: what its start and each step cost, before any
   work, for the budget warning;
-- `run(run) -> str`: evolves with the shared services of `run.services.Run` (archive,
-  evaluator, reflector, budget, best-ever, outputs), resuming from its own state when
-  there is one, and returns why it stopped;
+- `make(run) -> run.driver.Strategy`: its decisions over the shared services of
+  `run.services.Run`: how it starts, one step, its state as one typed object and how it
+  takes it up again;
 - `OUTPUT_FILES`: the names it writes in the run directory besides the shared services'
   files, which other commands must not write over.
 Adding a strategy is adding a module and a Kconfig entry.
@@ -25,6 +26,7 @@ from compressor_2.errors import ConfigError
 if TYPE_CHECKING:
     from compressor_2.config import Config
     from compressor_2.run.budget import Cost
+    from compressor_2.run.driver import Strategy as Decisions
     from compressor_2.run.services import Run
 
 
@@ -33,7 +35,7 @@ class Strategy(Protocol):
 
     def estimate(self, config: Config, n_examples: int) -> Cost: ...
 
-    def run(self, run: Run) -> str: ...
+    def make(self, run: Run) -> Decisions: ...
 
 
 def strategy_names() -> tuple[str, ...]:

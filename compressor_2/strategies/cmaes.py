@@ -25,9 +25,8 @@ from compressor_2.run.budget import Cost
 from compressor_2.run.fields import FieldError
 from compressor_2.run.services import Run
 from compressor_2.strategies.ga_individual import new_individual
-from compressor_2.strategies.search import search
+from compressor_2.strategies.search import Search
 
-NAME = "cmaes"
 STATE_FILE = "cmaes_state.json"
 # What it writes in the run directory besides the shared services' files.
 OUTPUT_FILES = (STATE_FILE,)
@@ -44,11 +43,12 @@ def estimate(config: Config, n_examples: int) -> Cost:
     return Cost("generation", n_examples, population_size(_options(config), dimension) * n_examples, 0.0)
 
 
-def run(run: Run) -> str:
+def make(run: Run) -> Search:
     options = _options(run.config)
     centre = to_list(load_deltas(run.config.initial_deltas_path, run.cluster_ids))
     strategy = cma.Strategy(centroid=centre, sigma=options.sigma, lambda_=population_size(options, len(centre)))
-    return search(run, CmaesSampler(strategy), NAME, options.generations, STATE_FILE, "generation")
+    return Search(run, CmaesSampler(strategy), "cmaes", options.generations, STATE_FILE, "generation",
+                  "CONFIG_CMAES_GENERATIONS")
 
 
 def population_size(options: CmaesOptions, dimension: int) -> int:

@@ -3,7 +3,7 @@
 Each step draws a batch of i.i.d. delta vectors around the initial deltas: every delta
 is the initial one plus a normal (standard deviation CONFIG_RANDOM_SCALE) or uniform
 (on +/- CONFIG_RANDOM_SCALE) draw. Nothing is learnt from the fitness; the loop, the
-archive, the budgets and resume are those of `search.py`.
+archive, the budgets and resume are those of `search.py` and the run's driver.
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ from compressor_2.deltas import load_deltas, to_list
 from compressor_2.errors import ConfigError
 from compressor_2.run.budget import Cost
 from compressor_2.run.services import Run
-from compressor_2.strategies.search import search
+from compressor_2.strategies.search import Search
 
-NAME = "random"
 STATE_FILE = "random_state.json"
 # What it writes in the run directory besides the shared services' files.
 OUTPUT_FILES = (STATE_FILE,)
@@ -31,11 +30,11 @@ def estimate(config: Config, n_examples: int) -> Cost:
     return Cost("batch", n_examples, _options(config).batch_size * n_examples, 0.0)
 
 
-def run(run: Run) -> str:
+def make(run: Run) -> Search:
     options = _options(run.config)
     centre = to_list(load_deltas(run.config.initial_deltas_path, run.cluster_ids))
     sampler = RandomSampler(centre, options.distribution, options.scale, options.batch_size)
-    return search(run, sampler, NAME, options.batches, STATE_FILE, "batch")
+    return Search(run, sampler, "random", options.batches, STATE_FILE, "batch", "CONFIG_RANDOM_BATCHES")
 
 
 @dataclass
