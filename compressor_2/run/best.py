@@ -54,10 +54,14 @@ class BestEver:
         return improved is not None
 
     def restore(self, member: Member | None, fitness: float | None) -> None:
-        """The best-ever a resume found recorded; its files are written again from it (and
-        removed when nothing was evaluated yet: no run of this directory made them)."""
+        """The best-ever a resume found recorded; `rewrite` writes its files once the
+        resume has taken everything else up."""
         self.member, self.fitness = member, fitness
-        if member is not None:
+
+    def rewrite(self) -> None:
+        """The best's files written again (they are never read back), or removed when
+        nothing was evaluated yet: no run of this directory made them."""
+        if self.member is not None:
             self._write()
             return
         for name in (DELTAS_BEST, PROCESSOR_BEST):

@@ -148,7 +148,8 @@ class Driver:
         saved = read_state(self.path, self.strategy.state_format, self.run.cluster_ids,
                            config.lambda_shortness + config.lambda_correctness)
         if saved is not None:
-            check_state(saved, self.path, self.strategy.state_format, self.archive, deterministic=config.temperature == 0)
+            check_state(saved, self.path, self.strategy.state_format, self.archive,
+                        deterministic=config.temperature == 0)
         return saved
 
     def _start(self) -> int:
@@ -177,6 +178,7 @@ class Driver:
         self.saved = saved
         if self.run.best.fitness != before:  # a sampled re-evaluation beat it: the state keeps it
             self._save_with_best()
+        self.run.best.rewrite()
         steps = self.strategy.steps
         say(f"resuming at {self.strategy.step_name} {ordinal(saved.step, steps) if steps else saved.step} from "
             f"{self.path}")
@@ -201,6 +203,7 @@ class Driver:
         is dropped; a run killed after its last state was saved gets its stop recorded."""
         self.run.best.restore(*self._recorded_best(saved))
         self.history = load_history(self.run.out / HISTORY_FILE, before=None)
+        self.run.best.rewrite()
         if self.history and "stop_reason" not in self.history[-1]:
             self.history[-1]["stop_reason"] = f"all {saved.step} {plural(self.strategy.step_name)} ran"
             save_history(self.run.out / HISTORY_FILE, self.history)

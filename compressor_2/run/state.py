@@ -169,15 +169,16 @@ def _best(raw: Mapping[str, Any], path: Path, cluster_ids: Sequence[str],
 
 
 def _rng(raw: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, list[Any]]:
-    """`raw["rng"]`: the states of exactly the generators `names`, each one that restores."""
+    """`raw["rng"]`: the states of the generators `names`, each one that restores (a state
+    file of an earlier compressor_2 may hold one more, which is not read)."""
     rng = fields.typed(raw, "rng", dict, "an object")
-    if set(rng) != set(names):
-        raise FieldError(f"rng holds {', '.join(sorted(map(str, rng))) or 'nothing'}, not {', '.join(names)}")
+    if missing := [name for name in names if name not in rng]:
+        raise FieldError(f"rng holds no state of the {', '.join(missing)} generator")
     try:
         restore_rngs(rng, {name: random.Random() if name == "random" else np.random.RandomState() for name in names})
     except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise FieldError(f"rng cannot be restored ({type(exc).__name__}: {exc})") from None
-    return rng
+    return {name: rng[name] for name in names}
 
 
 def check_state(saved: Saved[S], path: Path, fmt: StateFormat[S], archive: RunArchive, deterministic: bool) -> None:

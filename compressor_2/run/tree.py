@@ -131,7 +131,8 @@ class EvolutionTree:
                 nx.draw_networkx_nodes(graph, pos, nodelist=chosen, node_color="none", edgecolors=colour,
                                        linewidths=2.5, node_size=620, ax=ax)
         if len(nodes) <= MAX_LABELLED_NODES:
-            nx.draw_networkx_labels(graph, pos, {n: "?" if math.isnan(f) else f"{f:.3f}" for n, f in zip(nodes, fitness)},
+            labels = {n: "?" if math.isnan(f) else f"{f:.3f}" for n, f in zip(nodes, fitness)}
+            nx.draw_networkx_labels(graph, pos, labels,
                                     font_size=6, font_color="black", ax=ax)
         fig.colorbar(drawn, ax=ax, label="fitness", fraction=0.03)
         generations = sorted({d["generation"] for _, d in graph.nodes(data=True)})

@@ -22,9 +22,7 @@ from __future__ import annotations
 import json
 import math
 import random
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,9 +42,10 @@ from compressor_2.run import fields
 from compressor_2.run.budget import Cost
 from compressor_2.run.driver import FIRST_STEP, Report
 from compressor_2.run.fields import FieldError
-from compressor_2.run.progress import say
+from compressor_2.run.progress import say, timed
 from compressor_2.run.services import NewCandidate, Run
 from compressor_2.run.state import StateFormat, state_json
+from compressor_2.strategies import options_of
 from compressor_2.strategies.archive_ops import (
     Issue,
     batch_target,
@@ -69,7 +68,7 @@ OUTPUT_FILES = (STATE_FILE, SNAPSHOTS_FILE, PROGRESS_PLOT)
 
 
 def estimate(config: Config, n_examples: int) -> Cost:
-    options = _options(config)
+    options = options_of(config, "archive")
     proposals = options.parents_per_iteration * len(options.generators)
     calls = proposals if config.reflector != "local" else 0.0
     per_proposal = n_examples + min(options.postcheck_examples, n_examples)
@@ -78,7 +77,7 @@ def estimate(config: Config, n_examples: int) -> Cost:
 
 
 def make(run: Run) -> Archive:
-    return Archive(run, _options(run.config))
+    return Archive(run, options_of(run.config, "archive"))
 
 
 def iteration(a: Archive, t: int) -> Report:
@@ -137,16 +136,6 @@ class Proposal:
     operator: str
     parents: tuple[int, ...]
     change: str  # the change summary
-
-
-@contextmanager
-def timed(seconds: dict[str, float], stage: str) -> Iterator[None]:
-    """Adds the block's wall time to `seconds[stage]`."""
-    started = time.perf_counter()
-    try:
-        yield
-    finally:
-        seconds[stage] = round(seconds.get(stage, 0.0) + time.perf_counter() - started, 3)
 
 
 @dataclass(frozen=True)
@@ -444,11 +433,6 @@ GENERATORS: dict[str, Callable[[Archive, Job], Proposal | None]] = {
 
 
 # -- helpers --------------------------------------------------------------------------------
-
-def _options(config: Config) -> ArchiveOptions:
-    if config.archive is None:
-        raise ConfigError("CONFIG_STRATEGY_ARCHIVE=y is needed for the archive strategy's options")
-    return config.archive
 
 
 

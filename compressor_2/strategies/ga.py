@@ -18,33 +18,48 @@ parents and operator; the tree's seed node ids are its placements. The run's dri
 checks the budgets; a resume restores the round-robin index before mutate is registered
 and replays the interrupted generation from the same RNG state, with the answers the
 archive already holds.
+
+evolution_state.json (seed 000 §2) is the one state format's (run/state.py: `generation`,
+`rng`, `last_candidate_id`, `best_individual`, `best_fitness`) with the GA's own fields:
+`population` [{candidate_id, deltas, scratchpad}], candidates the archive holds with the
+same deltas, and `rr_idx`, the round robin's next mutation target.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from deap import base, tools
 
-from compressor_2.archive.database import Placement, Spot
+from compressor_2.archive.database import Placement, RunArchive, Spot
 from compressor_2.config import Config
 from compressor_2.deltas import load_deltas, to_dict, to_list
 from compressor_2.reflector.base import PopulationMember, Selected, SelectionRequest
 from compressor_2.reflector.prompts import estimated_call_tokens
+from compressor_2.run import fields
 from compressor_2.run.budget import Cost
 from compressor_2.run.driver import FIRST_STEP, Report
+from compressor_2.run.fields import FieldError
 from compressor_2.run.history import Work, entry, population_stats
 from compressor_2.run.progress import answers_bar, generation_line, say
 from compressor_2.run.services import NewCandidate, Run
-from compressor_2.run.state import GLOBAL_RNGS, Member, seed_rng
-from compressor_2.strategies.ga_individual import Individual, initial_population, invalidate, make_toolbox, new_individual
+from compressor_2.run.state import GLOBAL_RNGS, Member, StateFormat, read_member, seed_rng, state_json
+from compressor_2.strategies.ga_individual import (
+    Individual,
+    initial_population,
+    invalidate,
+    make_toolbox,
+    new_individual,
+)
 from compressor_2.strategies.ga_operators import RRState, make_fallback, make_selection, pairs
-from compressor_2.strategies.ga_state import STATE_FILE, GaState, ga_format
 
+STATE_FILE = "evolution_state.json"
 # What it writes in the run directory besides the shared services' files.
 OUTPUT_FILES = (STATE_FILE,)
 
@@ -272,3 +287,35 @@ class Ga:
         final = population_stats(g + 1, self.population, self.best_so_far())
         return Report([entry(stats, work), entry(final, Work())],
                       generation_line(g, self.options.ngen, final, entry(stats, work), self.run.budget.seconds()))
+
+
+@dataclass(frozen=True)
+class GaState:
+    population: tuple[Member, ...]
+    rr_idx: int
+
+
+def ga_format(out: Path, cluster_ids: Sequence[str], population_size: int) -> StateFormat[GaState]:
+    def read(raw: Mapping[str, Any]) -> GaState:
+        rr_idx = fields.integer(raw, "rr_idx")
+        if rr_idx >= len(cluster_ids):
+            raise FieldError(f"rr_idx is {rr_idx}, not in [0, {len(cluster_ids)})")
+        members = fields.typed(raw, "population", list, "a list")
+        population = tuple(read_member(m, f"population[{i}]", cluster_ids, out / STATE_FILE)
+                           for i, m in enumerate(members))
+        if len(population) != population_size:
+            raise FieldError(f"holds {len(population)} individuals but CONFIG_POPULATION_SIZE={population_size}")
+        return GaState(population, rr_idx)
+
+    return StateFormat(STATE_FILE, "generation", ("random", "numpy"), read, state_json, check_population,
+                       keeps_best=True)
+
+
+def check_population(state: GaState, archive: RunArchive, last: int) -> None:
+    """The population is candidates the archive held when the state was taken, with the
+    same deltas."""
+    for i, member in enumerate(state.population):
+        candidate = archive.candidate(member.candidate_id) if member.candidate_id <= last else None
+        if candidate is None or dict(candidate.deltas) != member.deltas:
+            held = "does not hold it" if candidate is None else "holds it with other deltas"
+            raise FieldError(f"population[{i}] is candidate {member.candidate_id}, but '{archive.path}' {held}")

@@ -45,6 +45,7 @@ from compressor_2.run.fields import FieldError
 from compressor_2.run.progress import say
 from compressor_2.run.services import NewCandidate, Run
 from compressor_2.run.state import Member, StateFormat, candidate_ids, held_list, state_json
+from compressor_2.strategies import options_of
 from compressor_2.strategies.gepa_pareto import (
     EpochSampler,
     find_merge_triplet,
@@ -68,7 +69,7 @@ OUTPUT_FILES = (STATE_FILE, FRONT_FILE, PROGRESS_PLOT)
 def estimate(config: Config, n_examples: int) -> Cost:
     """GEPA's cost model: the seed costs |valset|; each proposal a minibatch twice (before,
     after; the parent's answers are often cached) and, when kept, |valset|."""
-    options = _options(config)
+    options = options_of(config, "gepa")
     valset = _valset_size(options, n_examples)
     calls = 1.0 if config.reflector != "local" else 0.0
     return Cost("iteration", valset, 2 * options.minibatch_size + valset,
@@ -76,7 +77,7 @@ def estimate(config: Config, n_examples: int) -> Cost:
 
 
 def make(run: Run) -> Gepa:
-    return Gepa(run, _options(run.config))
+    return Gepa(run, options_of(run.config, "gepa"))
 
 
 def iteration(g: Gepa, t: int) -> dict[str, Any]:
@@ -436,8 +437,3 @@ def split_valset(examples: Sequence[Example], options: GepaOptions, rng: random.
 def _valset_size(options: GepaOptions, n_examples: int) -> int:
     return min(options.valset_size, n_examples)
 
-
-def _options(config: Config) -> GepaOptions:
-    if config.gepa is None:
-        raise ConfigError("CONFIG_STRATEGY_GEPA=y is needed for the GEPA strategy's options")
-    return config.gepa

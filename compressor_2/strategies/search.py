@@ -83,8 +83,8 @@ class Search:
         initial = load_deltas(self.run.config.initial_deltas_path, self.run.cluster_ids)
         [(_, seed)] = self.assess([to_list(initial)], FIRST_STEP, "initial deltas")
         seed_rng(self.run.config.seed)
-        say(f"{self.name}: {self.steps} {plural(self.step_name)} on {len(self.run.examples)} training examples, seeded by "
-            f"the initial deltas (fitness {seed.fitness:.4f})")
+        say(f"{self.name}: {self.steps} {plural(self.step_name)} on {len(self.run.examples)} training examples, "
+            f"seeded by the initial deltas (fitness {seed.fitness:.4f})")
 
     def restore(self, own: SearchState, t: int) -> None:
         del t
