@@ -130,14 +130,14 @@ class Driver:
         self.refresh = Refresh(run.archive, run.out, run.examples, run.heldout, strategy.progress_plot)
 
     def drive(self) -> str:
-        at_budget = self.archive.last_event() == "stop"  # the last session stopped, and was not cut short
+        stopped_cleanly = self.archive.last_event() == "stop"  # the last session was not cut short
         self.archive.event("start", strategy=self.run.config.strategy, metric_calls=self.archive.metric_calls())
         saved = self._read()
         if saved is None:
             return self._steps(self._start())
         if (done := self._all_run(saved.step)) is not None:
             return self._done(saved, done)
-        reason = self.run.budget.exhausted() if at_budget else None
+        reason = self.run.budget.exhausted() if stopped_cleanly else None
         self._restore(saved, forget=reason is None)
         return self._finish(saved.step, reason) if reason is not None else self._steps(saved.step)
 

@@ -78,24 +78,24 @@ class Run:
         """Tokens of each training example's gold answer (what an answer's `tokens` counts)."""
         return {ex.id: self.answer_tokens.length(ex.gold) for ex in self.examples}
 
-    def admit(self, step: int, proposals: Sequence[NewCandidate] = (),
+    def admit(self, step: int, made: Sequence[NewCandidate] = (),
               placements: Sequence[Placement] = ()) -> list[Candidate]:
-        """`proposals` as candidates of the archive (ids consecutive, in order), placed at
+        """`made` as candidates of the archive (ids consecutive, in order), placed at
         their spots, with `placements` of earlier candidates, decided in strategy step
         `step`; then the kept ones with an evaluation are offered to the best-ever."""
         candidates = [Candidate(p.deltas, p.scratchpad, p.operator, p.parents, self.config.strategy, p.generation,
-                                p.status, p.note, *_scores(p.evaluation)) for p in proposals]
-        added = self.archive.admit(candidates, [p.spot for p in proposals], placements, step)
+                                p.status, p.note, *_scores(p.evaluation)) for p in made]
+        added = self.archive.admit(candidates, [p.spot for p in made], placements, step)
         self.best.consider([(Member(dict(c.deltas), c.scratchpad, c.id or 0), p.evaluation)
-                            for c, p in zip(added, proposals)
+                            for c, p in zip(added, made)
                             if p.evaluation is not None and p.status == "evaluated"])
         return added
 
     def assess(self, assessed: Sequence[tuple[Member, Evaluation]]) -> None:
         """Records the fitness on the pool of candidates made before it was known, and
         offers them to the best-ever."""
-        for member, evaluation in assessed:
-            self.archive.assess(member.candidate_id, *_scores(evaluation))
+        for member, e in assessed:
+            self.archive.assess(member.candidate_id, e.fitness, e.mean_tokens, e.correctness)
         self.best.consider(assessed)
 
 
