@@ -96,8 +96,9 @@ class Strategy(Protocol):
         ...
 
     def closing(self, t: int) -> list[dict[str, Any]]:
-        """The history's entries from step t on when the run stops before step t."""
-        ...
+        """The history's entries from step t on when the run stops before step t: none
+        unless it has its own (the history ends with the last step's entry)."""
+        return []
 
 
 def drive(run: Run, strategy: Strategy) -> str:

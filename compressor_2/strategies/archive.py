@@ -40,7 +40,7 @@ from compressor_2.reflector.base import MergeRequest, MutationRequest, VectorReq
 from compressor_2.reflector.prompts import estimated_call_tokens
 from compressor_2.run import fields
 from compressor_2.run.budget import Cost
-from compressor_2.run.driver import FIRST_STEP, Report
+from compressor_2.run.driver import FIRST_STEP, Report, Strategy
 from compressor_2.run.fields import FieldError
 from compressor_2.run.progress import say, timed
 from compressor_2.run.services import NewCandidate, Run
@@ -144,7 +144,7 @@ class NoState:
     state, and the driver keeps the iteration and the RNG."""
 
 
-class Archive:
+class Archive(Strategy):
     """The strategy's services over the run archive: selection, generators, gate,
     assessment, records."""
 
@@ -182,9 +182,6 @@ class Archive:
 
     def step(self, t: int) -> Report:
         return iteration(self, t)
-
-    def closing(self, t: int) -> list[dict[str, Any]]:
-        return []
 
     # -- the archive's members ----------------------------------------------------------
 

@@ -40,7 +40,7 @@ from compressor_2.reflector.base import MutationRequest, VectorRequest
 from compressor_2.reflector.prompts import estimated_call_tokens
 from compressor_2.run import fields
 from compressor_2.run.budget import Cost
-from compressor_2.run.driver import FIRST_STEP, Report
+from compressor_2.run.driver import FIRST_STEP, Report, Strategy
 from compressor_2.run.fields import FieldError
 from compressor_2.run.progress import say
 from compressor_2.run.services import NewCandidate, Run
@@ -111,7 +111,7 @@ class GepaState:
     pareto_front: dict[str, Any] = field(default_factory=dict)
 
 
-class Gepa:
+class Gepa(Strategy):
     """Seed 004's engine's decisions; the run's driver runs its loop."""
 
     step_name, steps, steps_symbol, proposer = "iteration", None, "", "the reflector"
@@ -187,9 +187,6 @@ class Gepa:
         return Report([entry], f"iteration {t}: {record['proposer']} {kept}{scores}  pool {len(self.state.pool)}  best "
                                f"{max(aggregates):.4f}  metric calls {entry['metric_calls']}  elapsed "
                                f"{self.run.budget.seconds():.0f}s")
-
-    def closing(self, t: int) -> list[dict[str, Any]]:
-        return []
 
     # -- pool -------------------------------------------------------------------------------
 
@@ -363,12 +360,16 @@ def read_own(raw: Mapping[str, Any], run: Run) -> GepaState:
     that is off."""
     examples = {ex.id for ex in run.examples}
     valset = _example_ids(raw, "valset", examples, "an example of the training pool")
+    if not valset:
+        raise FieldError("valset is empty, but the front is kept on it")
     sampler = fields.typed(raw, "sampler", dict, "an object")
     unknown = set(sampler) - {f.name for f in dataclasses.fields(EpochSampler)}
     if unknown:
         raise FieldError(f"sampler has the unknown field(s) {', '.join(sorted(map(str, unknown)))}")
     ids = _example_ids(sampler, "ids", examples - set(valset), "a feedback example (in the pool, not the valset)",
                        "sampler.")
+    if not ids:
+        raise FieldError("sampler.ids is empty, but the minibatches are drawn from it")
     fields.integer(sampler, "size", "sampler.", minimum=1)
     fields.integer(sampler, "epoch", "sampler.", minimum=-1)
     fields.integer(sampler, "position", "sampler.")

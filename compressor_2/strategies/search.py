@@ -24,7 +24,7 @@ from compressor_2.archive.database import Spot
 from compressor_2.deltas import load_deltas, to_dict, to_list
 from compressor_2.fitness import Evaluation
 from compressor_2.run import fields
-from compressor_2.run.driver import FIRST_STEP, Report
+from compressor_2.run.driver import FIRST_STEP, Report, Strategy
 from compressor_2.run.progress import plural, say
 from compressor_2.run.services import NewCandidate, Run
 from compressor_2.run.state import GLOBAL_RNGS, StateFormat, candidate_ids, held_list, seed_rng, state_json
@@ -58,7 +58,7 @@ class SearchState:
     parents: list[int]  # the candidates that shaped the next batch
 
 
-class Search:
+class Search(Strategy):
     """A sampler's steps; the run's driver runs the loop."""
 
     proposer, progress_plot = "the sampler", None
@@ -103,9 +103,6 @@ class Search:
         return Report([entry], f"{self.step_name} {t}: batch best {entry['best_fitness']:.4f}  best ever "
                                f"{self.run.best.fitness:.4f}  metric calls {entry['metric_calls']}  elapsed "
                                f"{entry['seconds']:.0f}s")
-
-    def closing(self, t: int) -> list[dict[str, Any]]:
-        return []
 
     def assess(self, batch: Sequence[Sequence[float]], step: int, label: str) -> list[tuple[int, Evaluation]]:
         """The batch evaluated in one engine call, archived and placed: (candidate id, evaluation)s."""
