@@ -30,7 +30,7 @@ import io
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from compressor_2.archive.database import ARCHIVE_FILE, CheckStore, RunArchive
 from compressor_2.atomic import remove_orphans
@@ -53,7 +53,13 @@ from compressor_2.run.progress import say
 from compressor_2.run.services import Run
 from compressor_2.run.workers import Workers
 from compressor_2.run_directory import check_cluster_outputs, check_output_dir
-from compressor_2.strategies import load_strategy
+from compressor_2.strategies import Strategy, load_strategy
+
+if TYPE_CHECKING:
+    from compressor_2.clusters.clusterset import ClusterSet
+    from compressor_2.clusters.tokens import AnswerTokens
+    from compressor_2.engines.registry import LazyEngine
+    from compressor_2.reflector.base import Reflector
 
 # Files a run directory of an earlier compressor_2 (before the archive) holds.
 PRE_ARCHIVE_FILES = ("evolution_state.json", "history.json")
@@ -64,7 +70,7 @@ class Inputs:
     """What preflight read: the clusters, the training pool, the held-out questions, the
     initial deltas, and the fingerprint of the settings that make an answer."""
 
-    clusters: Any  # clusters.clusterset.ClusterSet
+    clusters: ClusterSet
     digest: str  # cluster_map_digest
     examples: tuple[Example, ...]
     heldout: tuple[Example, ...]
@@ -107,7 +113,7 @@ def preflight(config: Config) -> Iterator[Inputs]:
 
 
 @contextlib.contextmanager
-def open_run(config: Config, inputs: Inputs, strategy: Any) -> Iterator[tuple[Run, Checks]]:
+def open_run(config: Config, inputs: Inputs, strategy: Strategy) -> Iterator[tuple[Run, Checks]]:
     """The run's services, and the checks beside them; on the way out, whatever the exit,
     the reflector's calls are abandoned, the thread pools stopped, the engine and the
     archive closed. Inside, the first Ctrl+C or SIGTERM stops the run, the later ones are
@@ -136,8 +142,8 @@ def open_run(config: Config, inputs: Inputs, strategy: Any) -> Iterator[tuple[Ru
         archive.close()
 
 
-def services(config: Config, inputs: Inputs, archive: RunArchive, reflector: Any, engine: Any, tokens: Any,
-             workers: Workers, strategy: Any) -> tuple[Run, Checks]:
+def services(config: Config, inputs: Inputs, archive: RunArchive, reflector: Reflector, engine: LazyEngine,
+             tokens: AnswerTokens, workers: Workers, strategy: Strategy) -> tuple[Run, Checks]:
     """The run's services over the opened archive, reflector and engine, and its checks."""
     from compressor_2.judges.registry import make_judge
     from compressor_2.steering.generate import generate_processor
