@@ -34,6 +34,7 @@ STAGE_X = {"pop": 0, "pre": 1, "mut": 2, "cand": 1}
 EDGE_STYLE = {"parent": ("#555555", "solid"), "mutation": ("#1f77b4", "solid"), "carry": ("#aaaaaa", "dotted"),
               "ancestor": ("#2ca02c", "dashed")}
 MAX_LABELLED_NODES = 600
+MAX_TICKS = 60  # generations labelled on the x axis
 SELECTED_STYLE = {"performance": "#d62728", "diversity": "#9467bd", "potential": "#ff7f0e"}  # ring colours
 
 
@@ -116,10 +117,12 @@ class EvolutionTree:
         columns = 1 + max(x for x, _ in pos.values())
         rows = 1 - min(y for _, y in pos.values())
         fig, ax = plt.subplots(figsize=(min(max(8.0, 1.1 * columns), 200.0), min(max(4.0, 0.7 * rows), 100.0)))
+        # Past the labelled size one arrowhead per edge costs minutes, and is too small to see.
+        arrows = {"arrows": True, "arrowsize": 8} if len(graph) <= MAX_LABELLED_NODES else {"arrows": False}
         for kind, (colour, style) in EDGE_STYLE.items():
             edges = [(u, v) for u, v, d in graph.edges(data=True) if d["kind"] == kind]
-            nx.draw_networkx_edges(graph, pos, edgelist=edges, edge_color=colour, style=style,
-                                   arrows=True, arrowsize=8, ax=ax, node_size=420)
+            nx.draw_networkx_edges(graph, pos, edgelist=edges, edge_color=colour, style=style, ax=ax, node_size=420,
+                                   **arrows)
         nodes = list(graph.nodes)
         # A run stopped inside its first step has placed candidates it never assessed.
         fitness = [math.nan if graph.nodes[n]["fitness"] is None else graph.nodes[n]["fitness"] for n in nodes]
@@ -136,6 +139,8 @@ class EvolutionTree:
                                     font_size=6, font_color="black", ax=ax)
         fig.colorbar(drawn, ax=ax, label="fitness", fraction=0.03)
         generations = sorted({d["generation"] for _, d in graph.nodes(data=True)})
+        # At most MAX_TICKS labels: a long run's thousands of them took most of the drawing.
+        generations = generations[::math.ceil(len(generations) / MAX_TICKS)]
         ax.set_xticks([3 * g for g in generations], [f"gen {g}" for g in generations])
         ax.tick_params(left=False, labelleft=False, bottom=True, labelbottom=True)
         handles = [Line2D([], [], color=c, linestyle=st, label=kind) for kind, (c, st) in EDGE_STYLE.items()]
