@@ -12,7 +12,7 @@ import pytest
 
 from compressor_2.archive.database import RunArchive
 from compressor_2.evolve import evolve
-from compressor_2.run.outputs import SHARE, Refresh
+from compressor_2.run.outputs import FIRST_DRAWING, SHARE, Refresh
 from tests.test_evolution_support import config_for, query, read_json
 
 pytestmark = pytest.mark.slow
@@ -74,18 +74,20 @@ def test_the_state_keeps_exactly_the_generators_a_strategy_draws_from(symbols, s
     assert set(read_json(tmp_path / "out" / state_file)["rng"]) == drawn
 
 
-def test_outputs_are_drawn_after_the_first_step_then_on_a_clock(tmp_path):
-    """Drawing took 1 s (the fake clock's tick): the next drawing waits until the run has
-    worked 1 / SHARE - 1 times as long, whatever happens between."""
+def test_outputs_are_drawn_on_a_clock(tmp_path):
+    """A drawing waits until the run has worked 1 / SHARE - 1 times as long as the last
+    one took (FIRST_DRAWING before any), whatever happens between; the fake clock ticks a
+    second a reading, so each drawing takes 1 s."""
     archive = RunArchive.open(tmp_path / "run.sqlite")
     ticks = itertools.count()
     refresh = Refresh(archive, tmp_path, [], [], None, clock=lambda: float(next(ticks)))
-    refresh.after_step([])  # asks at 0, draws from 1 to 2
-    assert refresh.seconds == 1 and refresh.due == 2 + (1 / SHARE - 1)
-    while next(ticks) < refresh.due - 1:
-        refresh.after_step([])
-    assert refresh.seconds == 1  # not drawn while the run had worked less
-    refresh.after_step([])
-    assert refresh.seconds == 2 and (tmp_path / "report.html").exists()
+    assert refresh.due == FIRST_DRAWING * (1 / SHARE - 1)
+    for drawn in (1, 2):
+        while next(ticks) < refresh.due - 1:
+            refresh.after_step([])
+        assert refresh.seconds == drawn - 1  # not drawn while the run had worked less
+        refresh.after_step([])  # asks at `due`, draws from due + 1 to due + 2
+        assert refresh.seconds == drawn and refresh.due == next(ticks) - 1 + (1 / SHARE - 1)
+    assert (tmp_path / "report.html").exists()
     archive.close()
     assert json.loads((tmp_path / "tree.json").read_text())["nodes"] == []

@@ -4,9 +4,10 @@ front.png (the tokens-versus-correctness front) and report.html. `report` writes
 for any run.
 
 Each drawing reads the whole archive, so its cost grows with the run. During a run they
-are drawn on a clock (`Refresh`): after the first step, then once the run has worked
-`1 / SHARE - 1` times as long as the last drawing took, so drawing takes at most SHARE of
-the run's wall time whatever the archive's size; and always when the run stops."""
+are drawn on a clock (`Refresh`): at the end of a step once the run has worked
+`1 / SHARE - 1` times as long as the last drawing took (FIRST_DRAWING before one was
+measured), so drawing takes at most SHARE of the run's wall time whatever the archive's
+size; and always when the run stops."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from compressor_2.run.report import write_report
 from compressor_2.run.tree import TREE_FILE, TREE_PLOT, EvolutionTree
 
 SHARE = 0.01  # of a run's wall time, at most, spent drawing between steps
+FIRST_DRAWING = 1.0  # seconds: a small run's drawing, until one is measured
 
 
 def refresh_outputs(archive: RunArchive, out: Path, pool: Sequence[Example], heldout: Sequence[Example]) -> Path:
@@ -63,7 +65,7 @@ class Refresh:
         self.archive, self.out, self.pool, self.heldout = archive, out, pool, heldout
         self.progress_plot = progress_plot
         self.clock = clock
-        self.due = -float("inf")  # the first step's end draws
+        self.due = clock() + FIRST_DRAWING * (1 / SHARE - 1)
         self.seconds = 0.0  # spent drawing so far
 
     def after_step(self, history: Sequence[dict[str, Any]]) -> None:
