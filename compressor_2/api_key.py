@@ -47,6 +47,15 @@ def scrub(text: str) -> str:
     return text
 
 
+def masked(text: str, limit: int) -> str:
+    """An outside text (a reply's, an error's) as it may be stored: every key masked, then
+    its first `limit` characters kept (masked first: a key cut in two no longer matches)."""
+    text = scrub(text)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]} [... {len(text) - limit} more characters]"
+
+
 class ScrubFilter(logging.Filter):
     """Scrubs every log record's message, arguments included, before a handler writes it."""
 

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from compressor_2.errors import ConfigError
+from compressor_2.errors import ConfigError, RunError
 
 # `_temp_file`'s names: mkstemp puts 8 characters of this alphabet between prefix and suffix.
 TEMP_NAME = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
@@ -72,6 +72,16 @@ def why_unwritable(directory: Path) -> str | None:
     return None
 
 
+def file_kind(mode: int) -> str:
+    """What kind of file `mode` (an lstat's) is, for a message."""
+    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),
+                       (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISREG, "a regular file")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Writes `data` to `path` (a new path or a regular file) through a temp file and a rename.
     Anything else at `path` is refused: the rename would replace a device node, a FIFO or
@@ -82,10 +92,16 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     except FileNotFoundError:
         mode = stat.S_IFREG
     if not stat.S_ISREG(mode):
-        kind = ("a directory" if stat.S_ISDIR(mode) else "a symbolic link" if stat.S_ISLNK(mode)
-                else "a device, FIFO or socket")
-        raise ConfigError(f"'{path}' is {kind}, not a regular file: it is not written over; move it away or "
-                          "write elsewhere")
+        raise ConfigError(f"'{path}' is {file_kind(mode)}, not a regular file: it is not written over; move it away "
+                          "or write elsewhere")
+    try:
+        _write_and_rename(path, data)
+    except OSError as exc:
+        # A full disk's ENOSPC names no file by itself: the one line must.
+        raise RunError(f"'{path}' cannot be written: {exc.strerror or exc}") from None
+
+
+def _write_and_rename(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = _temp_file(path)
     try:

@@ -120,20 +120,25 @@ def _show(config: Config, args: argparse.Namespace) -> None:
 def _export_arguments(parser: argparse.ArgumentParser) -> None:
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--max-correctness-drop", type=float, default=None, metavar="D",
-                       help="the shortest candidate on the front whose correctness is at most D (a fraction: "
-                       "0.01 is one point) below the unsteered baseline's")
+                       help="the front candidate with the fewest held-out tokens whose held-out correctness drop "
+                       "against the unsteered baseline is at most D (a fraction: 0.01 is one point) at the "
+                       "--confidence upper bound; without a held-out check, the shortest whose training "
+                       "correctness is at most D below the baseline's (unvalidated)")
     which.add_argument("--candidate", type=int, default=None, metavar="ID", help="this candidate")
     parser.add_argument("--out", type=Path, default=None,
                         help="the deltas JSON to write; the processor goes beside it (default: "
                         "CONFIG_OUTPUT_DIR/deltas_candidate_<id>.json and processor_candidate_<id>.py)")
     parser.add_argument("--force", action="store_true",
                         help="write the processor even when the run's clusters are not the current ones")
+    parser.add_argument("--confidence", type=float, default=0.95, metavar="C",
+                        help="the confidence of the intervals export chooses by and prints (default 0.95)")
 
 
 def _export(config: Config, args: argparse.Namespace) -> None:
     from compressor_2.export import run_export
 
-    run_export(config, args.max_correctness_drop, args.candidate, args.out, force=args.force)
+    run_export(config, args.max_correctness_drop, args.candidate, args.out, force=args.force,
+               confidence=args.confidence)
 
 
 def _report(config: Config, args: argparse.Namespace) -> None:

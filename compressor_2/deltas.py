@@ -1,4 +1,13 @@
-"""Delta sets: JSON {cluster id: float} <-> lists in canonical order, validated against the clusters."""
+"""Delta sets: JSON {cluster id: float} <-> lists in canonical order, validated against the clusters,
+and the one bound on every delta.
+
+`DELTA_BOUND` holds for every delta a run steers with: a delta vector a user gives (initial
+deltas, a `--deltas` file) is refused beyond it, naming the file and the cluster; a value a
+strategy proposes (a reflector's reply, a random or CMA-ES draw) is clamped to it where it is
+proposed. Crossover and merges need neither: a fitness-weighted average with non-negative
+weights, or a choice of components, of bounded parents is bounded (the average is clamped
+all the same, against the last bit of rounding).
+"""
 
 from __future__ import annotations
 
@@ -15,6 +24,32 @@ Deltas = dict[str, float]
 def canonical_ids(ids: Iterable[str]) -> list[str]:
     """Seed 000 §1: numeric order of the cluster ids."""
     return sorted(ids, key=int)
+
+
+# Logit units. Beyond this a cluster is already forced in or out against any real logit gap,
+# and the further a vector pushes every cluster down, the more the logit columns past the
+# tokenizer (a model's untrained padding rows, which always get bias 0) rise above real
+# tokens: with the bound they gain at most DELTA_BOUND on them.
+DELTA_BOUND = 30.0
+
+
+def clamp(value: float) -> float:
+    """`value` within [-DELTA_BOUND, DELTA_BOUND]."""
+    return min(max(float(value), -DELTA_BOUND), DELTA_BOUND)
+
+
+def clamp_rows(rows: Iterable[Iterable[float]]) -> list[list[float]]:
+    """Every delta of every proposed vector within the bound."""
+    return [[clamp(value) for value in row] for row in rows]
+
+
+def check_bound(deltas: Mapping[str, float], source: str) -> Deltas:
+    """Refuses, naming `source` and the cluster, a user-given delta beyond DELTA_BOUND."""
+    for cid in canonical_ids(deltas):
+        if abs(deltas[cid]) > DELTA_BOUND:
+            raise ConfigError(f"{source}: delta of cluster {cid} is {deltas[cid]:g}, outside "
+                              f"[-{DELTA_BOUND:g}, {DELTA_BOUND:g}], the bound on every delta")
+    return dict(deltas)
 
 
 def validate_deltas(deltas: Mapping[str, object], expected_ids: Iterable[str], source: str) -> Deltas:
@@ -52,7 +87,7 @@ def load_deltas(path: str | Path, expected_ids: Iterable[str]) -> Deltas:
         raise ConfigError(f"deltas file '{path}' is not valid JSON: {exc}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"deltas file '{path}' must hold a JSON object {{cluster id: float}}")
-    return validate_deltas(raw, expected_ids, str(path))
+    return check_bound(validate_deltas(raw, expected_ids, str(path)), str(path))
 
 
 def to_list(deltas: Mapping[str, float]) -> list[float]:

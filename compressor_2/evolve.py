@@ -13,9 +13,9 @@
 - Driving: the strategy named by CONFIG_STRATEGY, through the run's driver
   (run/driver.py), which returns why it stopped.
 - Closing: outside the search and its budget, the held-out check (CONFIG_HOLDOUT_*)
-  measures the best, the front and the unsteered baseline, and the run ends with the
-  held-out line. A Ctrl+C skips the check (the next run of the same command makes it,
-  from the cache where it can).
+  measures the best, the front and the unsteered baseline, and the simpler tools
+  (CONFIG_COMPARE_SIMPLE) are measured around it; the run ends with their lines. A Ctrl+C
+  skips them (the next run of the same command makes them, from the cache where it can).
 
 Whatever the exit (done, a budget, Ctrl+C, a failure), the reflector abandons its calls in
 flight first, and then every thread pool of the run is stopped: `evolve` returns within
@@ -43,7 +43,7 @@ from compressor_2.interrupts import signals_ignored, stop_on_first_signal
 from compressor_2.reflector.prompt_log import PROMPT_DIR
 from compressor_2.run.best import DELTAS_BEST, PROCESSOR_BEST, BestEver
 from compressor_2.run.budget import Budget, Limits, shortfall
-from compressor_2.run.checks import Checks, heldout_line, standing
+from compressor_2.run.checks import Checks
 from compressor_2.run.driver import drive
 from compressor_2.run.identity import RunInputs, check_identity, check_settings
 from compressor_2.run.lock import run_lock
@@ -51,6 +51,7 @@ from compressor_2.run.outputs import refresh_outputs
 from compressor_2.run.plots import FRONT_PLOT
 from compressor_2.run.progress import say
 from compressor_2.run.services import Run
+from compressor_2.run.simpler import instructed_examples, simpler_options
 from compressor_2.run.workers import Workers
 from compressor_2.run_directory import check_cluster_outputs, check_output_dir
 from compressor_2.strategies import Strategy, load_strategy
@@ -130,8 +131,10 @@ def open_run(config: Config, inputs: Inputs, strategy: Strategy) -> Iterator[tup
             # A missing API key stops us here, before the model loads.
             tokens = AnswerTokens.from_config(config, inputs.clusters)
             reflector = make_reflector(config, inputs.clusters, recorder=archive.record_call, tokens=tokens)
-            # Every prompt the run will send, the held-out check's too: checked before any work.
-            engine = LazyEngine(config, inputs.clusters, {e.id: e.prompt for e in (*inputs.examples, *inputs.heldout)})
+            # Every prompt the run will send, the checks' too: checked before any work.
+            asked = (*inputs.examples, *inputs.heldout)
+            engine = LazyEngine(config, inputs.clusters,
+                                {e.id: e.prompt for e in (*asked, *instructed_examples(config, asked))})
             yield services(config, inputs, archive, reflector, engine, tokens, workers, strategy)
     finally:
         if reflector is not None:
@@ -154,7 +157,8 @@ def services(config: Config, inputs: Inputs, archive: RunArchive, reflector: Ref
     evaluator_on = functools.partial(Evaluator, engine, make_judge(config), inputs.examples, config.lambda_shortness,
                                      config.lambda_correctness, config.shortness_scale, context=inputs.context,
                                      reuse=config.temperature == 0)
-    checks = Checks(evaluator_on(store=CheckStore(archive)), archive, inputs.examples, inputs.heldout, len(ids))
+    checks = Checks(evaluator_on(store=CheckStore(archive)), archive, inputs.examples, inputs.heldout, len(ids),
+                    simpler_options(config, ids, tokens))
     if any(inputs.initial.values()):
         # The search starts from other deltas than the baseline's: measure the baseline
         # apart, before the budget's clock starts.
@@ -173,29 +177,20 @@ def services(config: Config, inputs: Inputs, archive: RunArchive, reflector: Ref
 
 def close(run: Run, checks: Checks, reason: str) -> None:
     """After the search, outside its budget (nothing it drew or decided changes): the
-    held-out check, then the run's last lines."""
+    held-out check and the simpler tools, then the run's last lines."""
     try:
-        checked = checks.heldout_check()
+        checked = checks.after_search()
     except KeyboardInterrupt:
         with contextlib.suppress(Exception), signals_ignored():
-            say("the held-out check was interrupted: rerun the same command to finish it (the answers it made are "
-                "cached)")
+            say("the checks after the search (held-out, simpler tools) were interrupted: rerun the same command to "
+                "finish them (the answers they made are cached)")
             refresh_outputs(run.archive, run.out, run.examples, run.heldout)
         raise
     report = refresh_outputs(run.archive, run.out, run.examples, run.heldout)
     say(f"the front and the report: {run.out / FRONT_PLOT}, {report}")
     say(final_line(reason, run.best))
-    if checked:
-        say(checks_line(run.archive, checked, len(run.heldout)))
-        if (gain := standing(run.archive).gain) is not None:
-            say(heldout_line(gain))
-
-
-def checks_line(archive: RunArchive, genomes: int, questions: int) -> str:
-    fresh, cached = archive.check_calls()
-    return (f"held-out check: {genomes} genomes (the baseline, the best and the front's) on {questions} questions; "
-            f"the checks have made {fresh} answers in all and served {cached} from the cache, counted apart from "
-            f"the search's {archive.metric_calls()} metric calls")
+    for line in checks.closing_lines(checked):
+        say(line)
 
 
 def final_line(reason: str, best: BestEver) -> str:

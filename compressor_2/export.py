@@ -1,8 +1,11 @@
 """`python -m compressor_2 export`: the candidate to deploy for the correctness you can give up.
 
-`--max-correctness-drop D` takes the shortest candidate on the tokens-versus-correctness
-front (on the training pool) whose correctness is at most D below the unsteered
-baseline's; `--candidate ID` takes that one. Its deltas (with the cluster fingerprint
+`--max-correctness-drop D` chooses on what the search did not fit: once the held-out check
+ran, the front candidate with the fewest held-out tokens whose held-out drop against the
+unsteered baseline has an upper bound (at `--confidence`, paired: run/confidence.py) of at
+most D. Without a held-out check, the shortest candidate on the training front whose
+correctness is at most D below the baseline's, and the message says that this choice is
+unvalidated. `--candidate ID` takes that one. Its deltas (with the cluster fingerprint
 sidecar) and its SGLang processor are written to `--out` (a deltas JSON path; the
 processor beside it), by default beside deltas_best.json as
 deltas_candidate_<id>.json and processor_candidate_<id>.py. The run archive is read only.
@@ -19,18 +22,22 @@ from compressor_2.config import Config
 from compressor_2.deltas import fingerprint_path, recorded_fingerprint, write_fingerprint
 from compressor_2.errors import ConfigError
 from compressor_2.run.best import DELTAS_BEST
-from compressor_2.run.checks import standing
-from compressor_2.run.front import Point, affordable, pareto_front
+from compressor_2.run.checks import Standing, standing
+from compressor_2.run.claims import HELDOUT, Arm, Claims
+from compressor_2.run.confidence import LEVEL, Paired, correctness_claim, tokens_claim
+from compressor_2.run.front import Point, affordable, affordable_bound, pareto_front
 from compressor_2.run_directory import check_output_file
 
 
 def run_export(config: Config, max_drop: float | None, candidate_id: int | None, out: Path | None,
-               force: bool = False) -> None:
+               force: bool = False, confidence: float = LEVEL) -> None:
     from compressor_2.steering.generate import generate_processor
 
+    if not 0 < confidence < 1:
+        raise ConfigError(f"export --confidence {confidence:g} must be in (0, 1), e.g. 0.95")
     archive = RunArchive.open_read_only(config.output_dir / ARCHIVE_FILE)
     try:
-        candidate, why = choose(archive, max_drop, candidate_id)
+        candidate, why = choose(archive, max_drop, candidate_id, Claims.of_config(config, archive, confidence))
     finally:
         archive.close()
     assert candidate.id is not None
@@ -49,7 +56,8 @@ def run_export(config: Config, max_drop: float | None, candidate_id: int | None,
     print(f"wrote {deltas_path} (its clusters recorded in {fingerprint_path(deltas_path).name})")
 
 
-def choose(archive: RunArchive, max_drop: float | None, candidate_id: int | None) -> tuple[Candidate, str]:
+def choose(archive: RunArchive, max_drop: float | None, candidate_id: int | None,
+           claims: Claims) -> tuple[Candidate, str]:
     """The candidate to export and one line on why it was chosen."""
     now = standing(archive)
     points = {p.id: p for p in now.points}
@@ -59,8 +67,10 @@ def choose(archive: RunArchive, max_drop: float | None, candidate_id: int | None
             raise ConfigError(f"export --candidate {candidate_id}: no such candidate in '{archive.path}' "
                               f"(it holds ids 1..{archive.last_candidate_id()})")
         point = points.get(candidate_id)
+        held = _held_out(claims, now, candidate_id)
         return candidate, f"candidate #{candidate_id}" + (f": {_describe(point)} on the training pool" if point else
-                                                         " (not assessed on the whole pool)")
+                                                         " (not assessed on the whole pool)") + (
+            f"; held out ({held.questions} questions): {tokens_claim(held)}, {correctness_claim(held)}" if held else "")
     assert max_drop is not None
     if not 0 <= max_drop <= 1:
         raise ConfigError(f"export --max-correctness-drop {max_drop:g} must be a fraction in [0, 1] "
@@ -69,16 +79,50 @@ def choose(archive: RunArchive, max_drop: float | None, candidate_id: int | None
     if baseline is None:
         raise ConfigError(f"'{archive.path}' has no unsteered baseline yet (the all-zero deltas, measured when "
                           "the run starts or stops): rerun evolve, or export with --candidate ID")
-    front = pareto_front(points.values())
-    chosen = affordable(front, baseline.correctness, max_drop)
-    if chosen is None:
-        raise ConfigError(no_candidate_line(front, baseline, max_drop))
-    candidate = archive.candidate(chosen.id)
+    checked = [(p, claim) for p, _ in now.front() if (claim := _held_out(claims, now, p.id)) is not None]
+    chosen_id, why = _by_held_out(checked, max_drop, claims.level) if checked else _by_training(now, max_drop)
+    candidate = archive.candidate(chosen_id)
     assert candidate is not None
+    return candidate, why
+
+
+def _held_out(claims: Claims, now: Standing, candidate_id: int) -> Paired | None:
+    """The candidate against the baseline on the held-out questions, once checked there."""
+    if now.zeros is None or now.genome(candidate_id) not in now.heldout:
+        return None
+    return claims.paired(Arm(now.zeros), Arm(now.genome(candidate_id)), HELDOUT)
+
+
+def _by_held_out(checked: Sequence[tuple[Point, Paired]], max_drop: float, level: float) -> tuple[int, str]:
+    chosen = affordable_bound([(p, claim.tokens, claim.drop_bound) for p, claim in checked], max_drop)
+    if chosen is None:
+        p, claim = min(checked, key=lambda c: (c[1].drop_bound, c[1].tokens, c[0].id))
+        raise ConfigError(
+            f"export --max-correctness-drop {max_drop:g}: no front candidate's held-out correctness drop is at most "
+            f"{max_drop:g} at {level:.0%} confidence (the smallest upper bound is {100 * claim.drop_bound:.1f} points, "
+            f"#{p.id}'s, on {claim.questions} questions): allow a larger drop, lower --confidence, check more "
+            "held-out questions, or export with --candidate ID")
+    claim = next(c for p, c in checked if p.id == chosen.id)
+    return chosen.id, (
+        f"candidate #{chosen.id}, the shortest held out of the front's candidates whose held-out correctness drop "
+        f"is at most {max_drop:g} at {level:.0%} confidence (upper bound {100 * claim.drop_bound:.1f} points); "
+        f"held out ({claim.questions} questions): {tokens_claim(claim)}, {correctness_claim(claim)}; on the training pool: "
+        f"{_describe(chosen)}")
+
+
+def _by_training(now: Standing, max_drop: float) -> tuple[int, str]:
+    assert now.baseline is not None
+    front = pareto_front(now.points)
+    chosen = affordable(front, now.baseline.correctness, max_drop)
+    if chosen is None:
+        raise ConfigError(no_candidate_line(front, now.baseline, max_drop))
     best = now.best
-    return candidate, (f"candidate #{chosen.id}, the shortest on the front within {max_drop:g} of the baseline's "
-                       f"correctness; on the training pool: {_describe(chosen)}, the baseline {_describe(baseline)}"
-                       + (f", the best by fitness (#{best.id}) {_describe(best)}" if best is not None else ""))
+    return chosen.id, (
+        f"candidate #{chosen.id}, the shortest on the front within {max_drop:g} of the baseline's correctness on "
+        f"the training pool: {_describe(chosen)}, the baseline {_describe(now.baseline)}"
+        + (f", the best by fitness (#{best.id}) {_describe(best)}" if best is not None else "")
+        + ". Unvalidated: the run has no held-out check (CONFIG_HOLDOUT_DATA), so this rests on the questions "
+          "the search fitted")
 
 
 def no_candidate_line(front: Sequence[Point], baseline: Point, max_drop: float) -> str:

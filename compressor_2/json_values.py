@@ -31,3 +31,9 @@ def as_float(found: Any) -> float | None:
     except OverflowError:
         return None
     return converted if math.isfinite(converted) else None
+
+
+def as_count(found: Any, limit: int) -> int | None:
+    """`found` as an integer in [0, `limit`), or None: a bool, a float (even 5.0), a string,
+    a negative or a larger number."""
+    return found if type(found) is int and 0 <= found < limit else None

@@ -12,8 +12,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from compressor_2.archive.database import ARCHIVE_FILE
-from compressor_2.atomic import why_unwritable
+from compressor_2.atomic import file_kind, why_unwritable
 from compressor_2.clusters.clusterset import ArtifactPaths
+from compressor_2.clusters.written import LEDGER_FILE, why_not_writable, written_here
 from compressor_2.config import Config
 from compressor_2.deltas import fingerprint_path
 from compressor_2.engines.sglang_server import LOG_NAME
@@ -21,7 +22,7 @@ from compressor_2.errors import ConfigError
 from compressor_2.reflector.prompt_log import PROMPT_DIR
 from compressor_2.run.best import DELTAS_BEST, PROCESSOR_BEST
 from compressor_2.run.history import HISTORY_FILE
-from compressor_2.run.lock import LOCK_FILE
+from compressor_2.run.lock import LOCK_FILE, check_lock_file
 from compressor_2.run.plots import FITNESS_PLOT, FRONT_PLOT, LENGTHS_PLOT
 from compressor_2.run.report import REPORT_FILE
 from compressor_2.run.tree import TREE_FILE, TREE_PLOT
@@ -29,10 +30,21 @@ from compressor_2.strategies import load_strategy, strategy_names
 
 
 def check_output_dir(out: Path) -> None:
-    """CONFIG_OUTPUT_DIR must be a directory this process can write, and that is found out
-    here, before any work: the first save would otherwise fail after a generation's."""
+    """CONFIG_OUTPUT_DIR must be a directory this process can write, holding each file a run
+    writes there as the kind it writes (a regular file; `reflector_prompts/` a directory),
+    and that is found out here, before any work: the first save would otherwise fail after
+    a generation's, and a FIFO for run.lock held `evolve` for ever."""
     if reason := why_unwritable(out):
         raise ConfigError(f"CONFIG_OUTPUT_DIR='{out}' {reason}")
+    check_lock_file(out / LOCK_FILE)
+    for name in sorted(owned_files() - {LOCK_FILE}) + [PROMPT_DIR]:
+        try:
+            mode = os.lstat(out / name).st_mode
+        except FileNotFoundError:
+            continue
+        kind = "a directory" if name == PROMPT_DIR else "a regular file"
+        if not (stat.S_ISDIR(mode) if name == PROMPT_DIR else stat.S_ISREG(mode)):
+            raise ConfigError(f"'{out / name}' is {file_kind(mode)}, not {kind}: a run writes it; move it away")
 
 
 def owned_files() -> frozenset[str]:
@@ -47,9 +59,16 @@ def owned_files() -> frozenset[str]:
     return frozenset(shared.union(*(load_strategy(name).OUTPUT_FILES for name in strategy_names())))
 
 
+# What marks a directory as a run's, whether or not its lock is still there: its lock file,
+# its archive, or the state file of a run from before the archive.
+RUN_MARKERS = (LOCK_FILE, ARCHIVE_FILE, "evolution_state.json")
+
+
 def is_run_directory(directory: Path, config: Config) -> bool:
-    """CONFIG_OUTPUT_DIR, or any directory an `evolve` has locked."""
-    return directory.resolve() == config.output_dir.resolve() or (directory / LOCK_FILE).exists()
+    """CONFIG_OUTPUT_DIR, or any directory that holds a run: once its run.lock was removed,
+    another run's archive was written over by `evaluate --out`."""
+    return directory.resolve() == config.output_dir.resolve() or any(
+        os.path.lexists(directory / name) for name in RUN_MARKERS)
 
 
 def check_output_file(out: Path, option: str, config: Config, inputs: Mapping[str, Path | None] | None = None,
@@ -87,27 +106,31 @@ def check_output_file(out: Path, option: str, config: Config, inputs: Mapping[st
 
 def check_cluster_outputs(config: Config) -> None:
     """What a cluster build may write outside CONFIG_CLUSTER_DIR's own artifacts, checked by
-    every command that builds clusters before it does: the descriptions (rewritten by a
-    rebuild, so never a run's file) and, when absent, the all-zero initial deltas."""
+    every command that builds clusters before it does: the descriptions (rewritten by every
+    rebuild) and the all-zero initial deltas with their sidecar (written when absent, or
+    over the file a build wrote). Each only at a new path or over what a build of the same
+    cluster directory wrote there (clusters/written.py), never through a symbolic link, never
+    over a run's file or an input."""
     paths = ArtifactPaths.from_config(config)
-    own = (*paths.built(), paths.embeddings_fingerprint, paths.record, paths.initial_deltas,
-           fingerprint_path(paths.initial_deltas))
     if run := _run_owning(paths.descriptions, config):
         raise ConfigError(f"CONFIG_CLUSTER_DESCRIPTIONS_PATH='{paths.descriptions}' is a file of the run in '{run}': "
                           "a cluster build would write over it; choose another path")
-    if not paths.descriptions.is_file():
-        check_output_file(paths.descriptions, "CONFIG_CLUSTER_DESCRIPTIONS_PATH", config, kind="JSON file", own=own)
-    if not paths.initial_deltas.exists():
-        check_output_file(paths.initial_deltas, "CONFIG_INITIAL_DELTAS_PATH", config, kind="JSON file", own=own)
-
-
-def file_kind(mode: int) -> str:
-    """What a non-regular file is, for a message."""
-    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),
-                       (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory")):
-        if test(mode):
-            return name
-    return "not a regular file"
+    initial = config.initial_deltas_path
+    if _identity(config.cluster_descriptions_path) in (_identity(initial), _identity(fingerprint_path(initial))):
+        raise ConfigError(f"CONFIG_CLUSTER_DESCRIPTIONS_PATH='{config.cluster_descriptions_path}' is the file of "
+                          "CONFIG_INITIAL_DELTAS_PATH (or its sidecar): a cluster build would write over it; choose "
+                          "another path")
+    written = [("CONFIG_CLUSTER_DESCRIPTIONS_PATH", config.cluster_descriptions_path, False)]
+    if not initial.exists() or written_here(paths, paths.initial_deltas):
+        # Written when absent (a dangling link included) or the build's own; a file the user
+        # wrote there, or links to, is an input the build leaves alone.
+        written += [("CONFIG_INITIAL_DELTAS_PATH", initial, False),
+                    ("the sidecar of CONFIG_INITIAL_DELTAS_PATH", fingerprint_path(initial), True)]
+    for option, path, sidecar in written:
+        if reason := why_not_writable(paths, path, sidecar):
+            raise ConfigError(f"{option}='{path}' {reason}")
+        # Each may be written over only as itself: the descriptions never over the initial deltas.
+        check_output_file(path, option, config, kind="JSON file", own=(path,))
 
 
 def _run_owning(out: Path, config: Config) -> Path | None:
@@ -123,7 +146,7 @@ def _config_inputs(config: Config) -> dict[str, Path | None]:
     """The files the config names as inputs, and the cluster artifacts, by what names them."""
     paths = ArtifactPaths.from_config(config)
     artifacts = {f"a cluster artifact in CONFIG_CLUSTER_DIR ({p.name})": p
-                 for p in (*paths.built(), paths.embeddings_fingerprint, paths.record)}
+                 for p in (*paths.built(), paths.embeddings_fingerprint, paths.record, paths.cluster_dir / LEDGER_FILE)}
     return {
         "the config file (--config)": config.source,
         "the input CONFIG_FINANCEBENCH_JSONL_PATH": config.financebench_jsonl_path,

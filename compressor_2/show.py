@@ -1,7 +1,8 @@
 """`python -m compressor_2 show [CANDIDATE_ID] [--front]`: a run read from its archive, read only.
 
-With --front: the tokens-versus-correctness front as a table, with the baseline and the
-held-out results. Without an id: the run summary (strategy, candidates, metric calls,
+With --front: the tokens-versus-correctness front as a table, with the baseline, the
+held-out results, each candidate's claims against the baseline with their confidence, and
+the simpler tools. Without an id: the run summary (strategy, candidates, metric calls,
 cache hits, reflector tokens, wall time, status and stop reason, best) and the best candidate's
 lineage, one line per ancestor; for the archive strategy its viability rule, its fittest
 members (each marked when not viable) and the feedback log. With an id: that candidate, its parents and children,
@@ -24,8 +25,11 @@ from compressor_2.config import Config
 from compressor_2.errors import ConfigError
 from compressor_2.fitness import example_key
 from compressor_2.json_values import as_float, shown
-from compressor_2.run.checks import BASELINE_ID, standing
+from compressor_2.run.checks import BASELINE_ID, Standing, standing
+from compressor_2.run.claims import HELDOUT, TRAINING, Arm, Claims
+from compressor_2.run.confidence import ci, correctness_claim, does_as_well, points_claim, tokens_change
 from compressor_2.run.report import status
+from compressor_2.run.simpler import read_record, tool_rows
 from compressor_2.strategies.archive import VIABILITY_META
 
 ANSWER_WIDTH = 100
@@ -36,7 +40,7 @@ def run_show(config: Config, candidate_id: int | None, front: bool = False) -> N
     archive = RunArchive.open_read_only(config.output_dir / ARCHIVE_FILE)
     try:
         if front:
-            print(front_table(archive))
+            print(front_table(archive, Claims.of_config(config, archive)))
         elif candidate_id is None:
             print(summary(archive) + front_and_merges(config, archive))
         else:
@@ -45,28 +49,52 @@ def run_show(config: Config, candidate_id: int | None, front: bool = False) -> N
         archive.close()
 
 
-def front_table(archive: RunArchive) -> str:
+def front_table(archive: RunArchive, claims: Claims) -> str:
     """The tokens-versus-correctness front on the training pool, shortest first, with the
-    baseline and, once the held-out check ran, each one's held-out tokens and correctness."""
+    baseline and, once the held-out check ran, each one's held-out tokens and correctness;
+    under each, its claims against the baseline (paired on the same questions); then the
+    simpler tools, once measured."""
     now = standing(archive)
     front = now.front()
     if not front:
         return "the front is empty: no candidate has been assessed yet"
     best, baseline = now.best, now.baseline
     lines = [f"the front on the training pool ({len(front)} of {len(now.points)} candidates: "
-             "none has fewer tokens and is at least as correct), shortest first:",
+             "none has fewer tokens and is at least as correct), shortest first; under each, against the "
+             f"unsteered baseline on the same questions ({ci(claims.level)}s, paired):",
              f"{'id':>7}  {'tokens':>7}  {'correct':>8}  {'fitness':>8}  {'held-out tokens':>15}  {'correct':>8}"]
     for p, held in front:
         mark = " (best)" if best is not None and p.id == best.id else ""
         lines.append(f"{'#' + str(p.id):>7}  {p.tokens:7.1f}  {100 * p.correctness:7.1f}%  {p.fitness:8.4f}  "
                      f"{_held(held)}{mark}")
+        for split, label in ((TRAINING, "training"), (HELDOUT, "held out")):
+            claim = claims.paired(Arm(now.zeros or ""), Arm(now.genome(p.id)), split)
+            if claim is not None and now.genome(p.id) != now.zeros:
+                lines.append(f"{'':9}{label}: {points_claim(claim)}; {tokens_change(claim)}")
     if baseline is not None:
         where = f"#{baseline.id}" if baseline.id != BASELINE_ID else "checked apart"
         held = now.heldout.get(now.zeros or "")
         lines.append(f"baseline ({where}): {baseline.tokens:.1f} tokens, {100 * baseline.correctness:.1f}% correct, "
                      f"fitness {baseline.fitness:.4f}" + (f"; held out {held.mean_tokens:.1f} tokens, "
                                                           f"{100 * held.correctness:.1f}% correct" if held else ""))
-    return "\n".join(lines)
+    return "\n".join(lines + simpler_lines(archive, claims, now))
+
+
+def simpler_lines(archive: RunArchive, claims: Claims, now: Standing) -> list[str]:
+    """The simpler tools against the baseline, and against the best; none before they ran."""
+    record = read_record(archive)
+    if record is None or now.best is None or now.zeros is None:
+        return []
+    lines = ["", "the simpler tools, against the baseline (and the best) on the same questions:"]
+    for row in tool_rows(claims, record, now.zeros, now.genome(now.best.id)):
+        lines.append(f"  {row.tool.name}:")
+        for label, claim in (("training", row.training), ("held out", row.heldout)):
+            if claim is not None:
+                lines.append(f"{'':4}{label}: {claim.tokens:.1f} tokens, {correctness_claim(claim)}")
+        if row.against_best is not None:
+            lines.append(f"{'':4}against the best: {'does as well' if does_as_well(row.against_best) else 'worse'}"
+                         f" ({points_claim(row.against_best)}; {tokens_change(row.against_best)})")
+    return lines
 
 
 def _viability(archive: RunArchive) -> dict[str, float] | None:

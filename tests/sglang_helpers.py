@@ -43,7 +43,7 @@ def sglang_config(output_dir: Path, model_dir: Path, *fake_flags: str, **overrid
         sglang_urls=(), sglang_port=free_port(), sglang_allow_remote=False,
         sglang_startup_timeout=30.0, sglang_poll_interval=0.05, sglang_request_timeout=60.0,
         sglang_max_restarts=2, sglang_stop_grace=5.0, max_new_tokens=24, temperature=0.0,
-        eval_concurrency=4,
+        eval_concurrency=4, sglang_deterministic=True,  # Kconfig's default with the SGLang engine
     )
     settings.update(overrides)
     return dataclasses.replace(load_config(REPO / "defconfig"), **settings)

@@ -133,16 +133,17 @@ def fake_workers(model_dir: Path, count: int, folder: Path, *flags: str,
 
 
 @contextmanager
-def router(python: Path, worker_urls: Sequence[str], log: Path, *flags: str) -> Iterator[str]:
+def router(python: Path, worker_urls: Sequence[str], log: Path, *flags: str,
+           policy: str = "round_robin") -> Iterator[str]:
     """sglang-router on 127.0.0.1 (its default host is 0.0.0.0, and its Prometheus
-    exporter's too) in front of `worker_urls`, round robin unless `flags` say otherwise;
-    yields its URL once it is ready. HF_ENDPOINT points at a closed loopback port: the
+    exporter's too) in front of `worker_urls`, routing by `policy`; yields its URL once it
+    is ready. HF_ENDPOINT points at a closed loopback port: the
     router looks each worker's model up on the Hugging Face hub, which must never be
     reached from here."""
     port = free_port()
     command = [str(python), "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
-               "--policy", "round_robin", "--health-check-interval-secs", "1",
+               "--policy", policy, "--health-check-interval-secs", "1",
                "--shutdown-grace-period-secs", "1", "--log-level", "warn", *flags,
                "--worker-urls", *worker_urls]
     env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "1"}

@@ -40,7 +40,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 GPU_REQUIREMENTS = REPO / "requirements-gpu.txt"
-# The wheel is CPython 3.11, manylinux x86_64 only: ask for exactly that, whatever runs the tests.
+# The tests read only the wheel's Python files and metadata, the same in its cp311, cp312 and
+# cp313 wheels: ask for the cp311 x86_64 one, whatever runs the tests, so the cache holds one.
 WHEEL_TARGET = ("--only-binary=:all:", "--implementation", "cp", "--python-version", "3.11",
                 "--abi", "cp311", "--platform", "manylinux_2_34_x86_64")
 

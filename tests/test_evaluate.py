@@ -80,7 +80,7 @@ def test_evaluate_baseline_in_a_subprocess(workspace):
 
 def test_evaluate_steered_subset_writes_to_the_output_dir(workspace, capsys):
     main(["build-clusters", "--config", str(workspace / "eval.config")])
-    deltas = {cid: 0.0 for cid in cluster_ids(workspace)} | {"0": 50.0}  # cluster 0: EOS
+    deltas = {cid: 0.0 for cid in cluster_ids(workspace)} | {"0": 30.0}  # cluster 0: EOS, at the bound
     (workspace / "stop.json").write_text(json.dumps(deltas))
 
     code = main(["evaluate", "--config", str(workspace / "eval.config"),

@@ -34,3 +34,15 @@ def test_the_affordable_candidate_is_the_shortest_within_the_drop_counting_one_e
     assert affordable(front, 1.0, 0.02).id == 6
     assert affordable(front, 1.0, 0.05).id == 4
     assert affordable(front, 1.01, 0.0) is None
+
+
+def test_on_held_out_bounds_the_fewest_held_out_tokens_within_the_drop_is_chosen():
+    from compressor_2.run.front import affordable_bound
+
+    # (point on the pool, held-out tokens, upper bound of the held-out drop)
+    checked = [(p(4, 8, 0.95), 8.5, 0.09), (p(6, 10, 0.985), 9.0, 0.031), (p(3, 12, 0.99), 11.0, 0.02),
+               (p(2, 20, 1.0), 19.0, 0.015)]
+    assert affordable_bound(checked, 0.1).id == 4
+    assert affordable_bound(checked, 0.031).id == 6  # at the bound counts
+    assert affordable_bound(checked, 0.02).id == 3
+    assert affordable_bound(checked, 0.01) is None

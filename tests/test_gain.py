@@ -185,6 +185,7 @@ def test_export_writes_the_shortest_candidate_within_the_drop(export_run, drop, 
     assert main(["export", "--config", str(config), "--max-correctness-drop", drop]) == 0, capsys.readouterr().err
     printed = capsys.readouterr().out
     assert printed.startswith(f"candidate #{expected}, the shortest on the front within")
+    assert "Unvalidated: the run has no held-out check" in printed
     deltas = read_json(out / f"deltas_candidate_{expected}.json")
     archive = RunArchive.open_read_only(out / "run.sqlite")
     try:
@@ -195,6 +196,70 @@ def test_export_writes_the_shortest_candidate_within_the_drop(export_run, drop, 
     processor = (out / f"processor_candidate_{expected}.py").read_text()
     compile(processor, "processor", "exec")
     assert f"SteeringProcessor.default_deltas = {tuple(deltas[c] for c in ids)!r}" in processor
+
+
+def test_without_a_held_out_check_export_says_its_choice_is_unvalidated(export_run, capsys):
+    config, _ = export_run
+    assert main(["export", "--config", str(config), "--max-correctness-drop", "0.02"]) == 0
+    assert "Unvalidated: the run has no held-out check (CONFIG_HOLDOUT_DATA)" in capsys.readouterr().out
+    assert main(["export", "--config", str(config), "--max-correctness-drop", "0.02", "--confidence", "1"]) == 2
+    assert capsys.readouterr().err.strip() == "error: export --confidence 1 must be in (0, 1), e.g. 0.95"
+
+
+HELD_OUT = 40
+
+
+def held_out_answers(out: Path, config_path: Path, ids: list[str], lost: dict[int, int]) -> None:
+    """Held-out answers to the HELD_OUT questions of `config_path`'s held-out file: the
+    baseline (candidate #1) right on all, in 30 tokens; candidate i of `lost` wrong on that
+    many of them, in 30 - 2 * i tokens; and their check results."""
+    config = load_config(config_path)
+    questions = holdout_examples(config, examples_from_config(config))
+    assert len(questions) == HELD_OUT
+    archive = RunArchive.open(out / "run.sqlite")
+    try:
+        archive.set_meta({"context": "ctx"})
+        results = []
+        for cid in (1, *lost):
+            genome = genome_key(list(archive.candidate(cid).deltas.values()))
+            wrong, tokens = lost.get(cid, 0), 30 - 2 * (cid - 1)
+            archive.store({(genome, example_key(ex)): Answer("$5", tokens, i >= wrong, "")
+                           for i, ex in enumerate(questions)}, "ctx", 0, table="check_answers")
+            results.append(CheckResult("heldout", genome, HELD_OUT, tokens, 1 - wrong / HELD_OUT, 0.5))
+        archive.record_checks("heldout", results)
+    finally:
+        archive.close()
+
+
+def test_export_chooses_by_the_held_out_upper_bound_not_the_training_estimate(tmp_path, shared, tiny_model_dir,
+                                                                             uninterrupted, capsys):
+    del uninterrupted  # built the shared clusters
+    ids = list(read_json(shared / "clusters" / "initial_deltas.json"))
+    data = tmp_path / "heldout.jsonl"
+    data.write_text("".join(json.dumps({"financebench_id": f"h{i}", "question": f"What was item {i}?", "answer": "$5",
+                                        "evidence": [{"evidence_text_full_page": f"Item {i} was $5."}]}) + "\n"
+                            for i in range(HELD_OUT)))
+    config = write_config(tmp_path, shared, tiny_model_dir, HOLDOUT_DATA=f'"{data}"')
+    hand_built(tmp_path / "out", ids, POINTS)
+    # The front: #4 (8 tokens, 95%), #6 (10, 98.5%), #3 (12, 99%), #2 (20, 100%). Held out, #4 loses 6 of the 40
+    # questions (its drop's upper bound is far above 0.15), the others none (an upper bound of 8.8 points).
+    held_out_answers(tmp_path / "out", config, ids, {4: 6, 6: 0, 3: 0, 2: 0})
+    assert main(["export", "--config", str(config), "--max-correctness-drop", "0.15"]) == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    # On the training pool's estimate, #4 (95% against 100%) would be within 0.15.
+    assert printed.startswith("candidate #6, the shortest held out of the front's candidates whose held-out "
+                              "correctness drop is at most 0.15 at 95% confidence (upper bound 8.8 points); held out "
+                              "(40 questions): 20.0 tokens")
+    assert "100.0% correct, +0.0 points (95% CI -8.8 to +8.8; no significant difference, McNemar p=1)" in printed
+    assert (tmp_path / "out" / "deltas_candidate_6.json").is_file()
+    assert main(["export", "--config", str(config), "--max-correctness-drop", "0.05"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: export --max-correctness-drop 0.05: no front candidate's held-out correctness drop is at most 0.05 at "
+        "95% confidence (the smallest upper bound is 8.8 points, #6's, on 40 questions): allow a larger drop, lower "
+        "--confidence, check more held-out questions, or export with --candidate ID")
+    assert main(["show", "--front", "--config", str(config)]) == 0
+    shown = capsys.readouterr().out
+    assert "held out: -15.0 points (95% CI " in shown and "a significant loss, McNemar p=0.031" in shown
 
 
 def test_export_a_chosen_candidate_and_refuse_a_run_file(export_run, capsys):
@@ -298,3 +363,28 @@ def test_report_on_an_interrupted_run(tmp_path, shared, tiny_model_dir, monkeypa
     html = (tmp_path / "out" / "report.html").read_text()
     assert "interrupted (rerun evolve to resume)" in html
     assert "The held-out check runs when the search stops" in html
+
+
+def test_the_report_names_the_judge_that_scored_and_warns_when_the_numeric_judge_scored_prose(tmp_path):
+    from compressor_2.data.example import Example
+    from compressor_2.run.report import scoring_judge, weak_gold_warning
+
+    archive = RunArchive.open(tmp_path / "run.sqlite")
+    try:
+        assert scoring_judge(archive) == "unknown (the run recorded no settings)"
+        archive.set_meta({"identity": json.dumps({"CONFIG_JUDGE_*": "numeric", "CONFIG_JUDGE_MODEL": "x"})})
+        assert scoring_judge(archive) == "numeric"
+        archive.set_meta({"identity": json.dumps({"CONFIG_JUDGE_*": "hybrid", "CONFIG_JUDGE_MODEL": "gpt-4o"})})
+        assert scoring_judge(archive) == "hybrid (gpt-4o)"
+        golds = [Example("p", "Which?", "Trillium, Array and Therachon", "p"), Example("f", "What?", "$1577.00", "f"),
+                 Example("s", "What?", "Pension benefits were $1097 million and health care $862 million", "s")]
+        assert 'id="judge-warning"' not in render(archive, tmp_path, golds, [])
+        archive.set_meta({"identity": json.dumps({"CONFIG_JUDGE_*": "numeric"})})
+        html = render(archive, tmp_path, golds, [])
+        assert 'id="judge-warning">The numeric judge scored 1 prose golds' in html
+    finally:
+        archive.close()
+    warning = weak_gold_warning("numeric", golds)
+    assert warning.startswith("The numeric judge scored 1 prose golds (it agrees with people on 81.5% of those) and 1 "
+                              "figures in prose golds (it agrees with people on 82.5% of those)")
+    assert weak_gold_warning("hybrid (gpt-4o)", golds) == "" and weak_gold_warning("numeric", golds[1:2]) == ""

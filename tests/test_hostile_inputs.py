@@ -14,6 +14,7 @@ temp files a kill left) follows the table.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sqlite3
@@ -250,6 +251,14 @@ WITHOUT_NOT_NULL = (
 
 def best_candidate(scene: Scene) -> str:
     return str(json.loads((scene.uninterrupted / STATE).read_text(encoding="utf-8"))["best_individual"]["candidate_id"])
+
+
+def reshaped(scene: Scene, name: str, kind: str) -> list[str]:
+    """The finished run with `name` replaced by a directory or a file, resumed."""
+    path = scene.finished_run() / name
+    shutil.rmtree(path) if path.is_dir() else path.unlink()
+    path.mkdir() if kind == "directory" else path.write_text("not a folder")
+    return scene.command("evolve", NGEN=RESUMED_NGEN)
 
 
 def big_delta(scene: Scene) -> Path:
@@ -502,6 +511,47 @@ CASES = [
     Case("a wall time that is not a number",
          lambda s: s.edit_archive("UPDATE meta SET value = 'soon' WHERE key = 'wall_seconds'"),
          2, r"run\.sqlite' table meta, row wall_seconds: 'soon' is not a number >= 0"),
+    # -- issue X, items 6, 7 and 9: the probe's cases, each failing on the code before ----------------
+    option_case("an int in fullwidth digits", {"NGEN": "\uff14"},
+                r"CONFIG_NGEN='\uff14' is not an integer in ASCII digits"),
+    option_case("an int in Arabic-Indic digits", {"NGEN": "\u0664"},
+                r"CONFIG_NGEN='\u0664' is not an integer in ASCII digits"),
+    option_case("an int with an underscore", {"NGEN": "1_0"}, r"CONFIG_NGEN='1_0' is not an integer in ASCII digits"),
+    option_case("an int after a space", {"NGEN": " 4"}, r"CONFIG_NGEN=' 4' is not an integer in ASCII digits"),
+    option_case("a float between spaces", {"CXPB": '" 0.5 "'}, r"CONFIG_CXPB=' 0\.5 ' is not a number in ASCII digits"),
+    option_case("a float in Arabic-Indic digits", {"CXPB": '"\u0660.\u0665"'},
+                r"CONFIG_CXPB='\u0660\.\u0665' is not a number in ASCII digits"),
+    option_case("pool indices in Arabic-Indic digits", {"FINANCEBENCH_POOL_INDICES": '"\u0661"'},
+                r"CONFIG_FINANCEBENCH_POOL_INDICES='\u0661' must be 'all' or indices"),
+    Case("a bool read by its first letter", lambda s: s.sglang_check(SGLANG_ALLOW_REMOTE="young"),
+         2, r"CONFIG_SGLANG_ALLOW_REMOTE='young' is not y or n"),
+    option_case("the meta device", {"TRANSFORMERS_DEVICE": '"meta"'},
+                r"CONFIG_TRANSFORMERS_DEVICE='meta' is not a device the transformers engine runs on"),
+    Case("cache hits of NaN, once silently reset to 0",
+         lambda s: s.edit_archive("UPDATE meta SET value = 'NaN' WHERE key = 'cache_hits'"),
+         2, r"run\.sqlite' table meta, row cache_hits: 'NaN' is not an integer >= 0"),
+    Case("a candidate's deltas that are no JSON", lambda s: s.edit_archive(
+         "UPDATE candidates SET deltas = 'garbage' WHERE id = 3"),
+         2, r"run\.sqlite' table candidates, row 3: deltas is 'garbage', not a JSON object of cluster ids"),
+    Case("a fitness as text", lambda s: s.edit_archive("UPDATE candidates SET fitness = 'high' WHERE id = 3"),
+         2, r"run\.sqlite' table candidates, row 3: fitness is 'high', not a number in \[0, 1\]"),
+    Case("a lineage row pointing at a missing parent", lambda s: s.edit_archive(
+         f"INSERT INTO lineage (child, parent, position) VALUES ({best_candidate(s)}, 9999, 5)"),
+         2, r"run\.sqlite' table lineage, row \(child \d+, position 5\): parent 9999 is not a candidate"),
+    Case("show a lineage row pointing at a missing parent", lambda s: s.edit_archive(
+         f"INSERT INTO lineage (child, parent, position) VALUES ({best_candidate(s)}, 9999, 5)", command=("show",)),
+         2, r"run\.sqlite' table lineage, row \(child \d+, position 5\): parent 9999 is not a candidate"),
+    Case("an event's detail that is no JSON", lambda s: s.edit_archive("UPDATE events SET detail = 'garbage'"),
+         2, r"run\.sqlite' table events, row 1: detail is 'garbage', not a JSON object"),
+    Case("reflector tokens of -1000000 in the archive",
+         lambda s: s.edit_archive("UPDATE reflector_calls SET prompt_tokens = -1000000"),
+         2, r"run\.sqlite' table reflector_calls, row \d+: prompt_tokens is -1000000, not an integer in \[0, 2\^53\)"),
+    Case("run.lock made a directory", lambda s: reshaped(s, "run.lock", "directory"),
+         2, r"run\.lock' is a directory, not a regular file: remove it"),
+    Case("reflector_prompts/ made a file", lambda s: reshaped(s, "reflector_prompts", "file"),
+         2, r"reflector_prompts' is a regular file, not a directory: a run writes it; move it away"),
+    Case("history.json made a directory", lambda s: reshaped(s, "history.json", "directory"),
+         2, r"history\.json' is a directory, not a regular file: a run writes it; move it away"),
 ]
 
 
@@ -544,7 +594,7 @@ def test_a_hostile_input_gets_one_line_and_its_exit_code(case: Case, tmp_path, s
 
 # -- issue X items 3 and 6 (driver): refuse before you write; deltas_best.json never trusted -----
 
-def every_file(*directories: Path) -> dict[str, bytes]:
+def untouched_files(*directories: Path) -> dict[str, bytes]:
     """Every file under `directories` but the lock, whose pid each start writes, and
     SQLite's own -wal and -shm files beside the archive (which a read-only `show` leaves
     and the next close removes: the archive's rows are in run.sqlite)."""
@@ -560,12 +610,12 @@ def test_a_refused_resume_leaves_every_file_as_it_was_the_clusters_included(symb
     anything is written: the run directory and the cluster directory stay byte for byte."""
     scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted, strategy_runs)
     out, clusters = scene.finished_run(), scene.clusters_copy()
-    before = every_file(out, tmp_path / "clusters")
+    before = untouched_files(out, tmp_path / "clusters")
     capsys.readouterr()
     assert main(scene.command("evolve", NGEN=RESUMED_NGEN, **clusters, **{symbol: value})) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "holds a run started with other settings" in err[0] and err[1].startswith(f"  CONFIG_{symbol}: "), err
-    assert every_file(out, tmp_path / "clusters") == before
+    assert untouched_files(out, tmp_path / "clusters") == before
 
 
 @pytest.mark.parametrize("planted", [b'{"0": 1.5, "1"', b'{"0": NaN, "1": NaN, "2": NaN, "3": NaN, "4": NaN}',
@@ -595,7 +645,7 @@ def test_the_atomic_writer_never_renames_over_anything_but_a_regular_file(tmp_pa
     (tmp_path / "link.json").symlink_to(target)
     os.mkfifo(tmp_path / "fifo.json")
     (tmp_path / "dir.json").mkdir()
-    for name, kind in (("link.json", "a symbolic link"), ("fifo.json", "a device, FIFO or socket"),
+    for name, kind in (("link.json", "a symbolic link"), ("fifo.json", "a FIFO"),
                        ("dir.json", "a directory")):
         with pytest.raises(ConfigError, match=f"is {kind}, not a regular file: it is not written over"):
             atomic_write_json(tmp_path / name, {"x": 1})
@@ -824,6 +874,29 @@ def warned(line: str) -> Callable[[Path, str], None]:
     return check
 
 
+GATEWAY_PAGE = "<!doctype html><html><body><h1>Sign in to the gateway</h1></body></html>"
+
+
+def with_usage(prompt_tokens: Any) -> Callable[[dict[str, Any], dict[str, str]], tuple[int, Any]]:
+    """Valid replies whose usage reports `prompt_tokens`."""
+    answer = replying('{"delta": 1.5, "scratchpad": "s"}', '{"scratchpad": "merged"}')
+
+    def reply(body: dict[str, Any], headers: dict[str, str]) -> tuple[int, Any]:
+        status, completion = answer(body, headers)
+        return status, json.dumps({**completion, "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 7}})
+    return reply
+
+
+def no_tokens_counted(out: Path, printed: str) -> None:
+    """Failed calls stop the run, its state saved, and nothing of them reaches the budget."""
+    assert "stopped: state saved to" in printed
+    assert [kind for (kind,) in archive_rows(out, "SELECT kind FROM events ORDER BY id")][-1] == "failed"
+    assert archive_rows(out, "SELECT sum(prompt_tokens), sum(completion_tokens), min(prompt_tokens) "
+                             "FROM reflector_calls") == [(0, 0, 0)]
+
+
+FAILED_CALLS = (r"error: the reflector at http://127\.0\.0\.1:\d+/v1 failed \d+ calls in a row "
+                r"\(CONFIG_REFLECTOR_MAX_CONSECUTIVE_FAILURES\); the last error: {}")
 NOTHING_VALID = r"error: none of the reflector's \d+ replies in this run was valid \(the last: {}\), so it evolved nothing.*"
 DONE = r"done: all 1 generations ran; best fitness .*"
 
@@ -841,6 +914,17 @@ REPLIES = [
               replying('{"delta": "up", "scratchpad": "s"}', '{"scratchpad": "merged"}'), EVERY_CALL, 0, DONE,
               warned(r"^warning: 6 of 9 reflector replies of the last step were invalid \(the last: delta is 'up', "
                      r"not a finite number\); the replies are in .*reflector_prompts$")),
+    # -- issue X, item 4: what came back, said in one line; usage counts checked ---------------------
+    ReplyCase("an HTML page with status 200", lambda body, headers: (200, GATEWAY_PAGE), EVERY_CALL, 1,
+              FAILED_CALLS.format(r"the reply is not JSON \(HTTP 200, application/json\): '<!doctype html>.*"),
+              no_tokens_counted),
+    ReplyCase("a reply without choices", lambda body, headers: (200, {"result": "ok"}), EVERY_CALL, 1,
+              FAILED_CALLS.format(r"the reply is not a chat completion \(no list of choices\): \{'result': 'ok'\}"),
+              no_tokens_counted),
+    *(ReplyCase(f"usage.prompt_tokens of {shown_count}", with_usage(count), EVERY_CALL, 1, FAILED_CALLS.format(
+        rf"the reply's usage\.prompt_tokens is {re.escape(shown_count)}, not an integer in \[0, 2\^53\)"),
+        no_tokens_counted) for count, shown_count in ((2**70, str(2**70)), ("many", "'many'"), (NAN, "nan"),
+                                                      (-1_000_000, "-1000000"))),
 ]
 
 
@@ -941,3 +1025,301 @@ def test_a_removed_lock_file_lets_no_second_evolve_in(tmp_path, shared, tiny_mod
         f"error: '{out}' is in use by another evolve (pid unknown: run.lock was removed): wait for it to finish or "
         "stop it, or choose another CONFIG_OUTPUT_DIR"])
     assert untouched
+
+
+# == Issue X, items 2, 4, 5, 7 and 8: the third round's probe ======================================
+#
+# `WRITES`: a command pointed at a file it does not own: the training data, a tokenizer file,
+# the initial deltas, another run's files once its run.lock was removed. Each row is refused in
+# one line, exit 2, and leaves every file of its scene byte-identical (`Site`: copies of the
+# data, the model and the clusters, and another finished run without its lock). Each failed on
+# the code before: the file was written over (the descriptions JSON in train.jsonl), or made
+# through a symbolic link.
+
+@dataclass(frozen=True)
+class Site:
+    data: Path
+    model: Path
+    other: Path  # another finished run, its run.lock removed
+    symbols: dict[str, str]  # the scene's config on the copies of the data and the clusters
+
+    def config(self, **symbols: str) -> dict[str, str]:
+        return {**self.symbols, **symbols}
+
+
+def site_of(scene: Scene) -> Site:
+    data = scene.work / "data.jsonl"
+    shutil.copyfile(scene.shared / "train.jsonl", data)
+    model = Path(shutil.copytree(scene.model, scene.work / "model"))
+    other = Path(shutil.copytree(scene.uninterrupted, scene.work / "other_run"))
+    (other / "run.lock").unlink()
+    return Site(data, model, other, {**scene.clusters_copy(), "FINANCEBENCH_JSONL_PATH": f'"{data}"'})
+
+
+def every_file(root: Path) -> dict[str, bytes]:
+    """Every file under `root` (a symbolic link as where it points), by relative path; but
+    the index and log SQLite keeps beside an archive a command reads (`export` its own)."""
+    return {str(p.relative_to(root)): (f"-> {os.readlink(p)}".encode() if p.is_symlink() else p.read_bytes())
+            for p in sorted(root.rglob("*"))
+            if (p.is_symlink() or p.is_file()) and p.name not in ("run.sqlite-shm", "run.sqlite-wal")}
+
+
+def linked(scene: Scene, target: Path, name: str = "link.json") -> Path:
+    (scene.work / name).symlink_to(target)
+    return scene.work / name
+
+
+@dataclass(frozen=True)
+class Write:
+    name: str
+    plant: Callable[[Scene, Site], list[str]]
+    pattern: str  # the one error line, after "error: "
+
+
+def descriptions_at(path: Callable[[Scene, Site], Path]) -> Callable[[Scene, Site], list[str]]:
+    return lambda s, t: s.command("build-clusters", **t.config(CLUSTER_DESCRIPTIONS_PATH=f'"{path(s, t)}"'))
+
+
+NOT_WRITTEN_HERE = (r"CONFIG_CLUSTER_DESCRIPTIONS_PATH='.*{}' holds a file no build of "
+                    r"CONFIG_CLUSTER_DIR='.*clusters' wrote")
+OTHER_RUNS = r"'.*other_run/{}' is a file of the run in '.*other_run'"
+
+WRITES = [
+    Write("descriptions over the training data", descriptions_at(lambda s, t: t.data),
+          NOT_WRITTEN_HERE.format(r"data\.jsonl")),
+    Write("descriptions over the model's tokenizer", descriptions_at(lambda s, t: t.model / "tokenizer.json"),
+          NOT_WRITTEN_HERE.format(r"model/tokenizer\.json")),
+    Write("descriptions through a symbolic link to the data", descriptions_at(lambda s, t: linked(s, t.data)),
+          r"CONFIG_CLUSTER_DESCRIPTIONS_PATH='.*link\.json' is a symbolic link: a cluster build never writes "
+          r"through one"),
+    Write("descriptions through a dangling symbolic link",
+          descriptions_at(lambda s, t: linked(s, s.work / "made_through_the_link.json")),
+          r"CONFIG_CLUSTER_DESCRIPTIONS_PATH='.*link\.json' is a symbolic link"),
+    Write("descriptions over the initial deltas",
+          descriptions_at(lambda s, t: s.work / "clusters" / "initial_deltas.json"),
+          r"CONFIG_CLUSTER_DESCRIPTIONS_PATH='.*initial_deltas\.json' is the file of CONFIG_INITIAL_DELTAS_PATH"),
+    Write("descriptions over another run's archive, its lock removed",
+          descriptions_at(lambda s, t: t.other / "run.sqlite"),
+          r"CONFIG_CLUSTER_DESCRIPTIONS_PATH=" + OTHER_RUNS.format(r"run\.sqlite")),
+    Write("descriptions over another run's history, its lock removed",
+          descriptions_at(lambda s, t: t.other / "history.json"),
+          r"CONFIG_CLUSTER_DESCRIPTIONS_PATH=" + OTHER_RUNS.format(r"history\.json")),
+    Write("initial deltas through a dangling symbolic link", lambda s, t: s.command("build-clusters", **t.config(
+          INITIAL_DELTAS_PATH=f'"{linked(s, s.work / "made_through_the_link.json", "initial.json")}"')),
+          r"CONFIG_INITIAL_DELTAS_PATH='.*initial\.json' is a symbolic link"),
+    Write("the initial deltas' sidecar over a file of the user's", lambda s, t: s.command("build-clusters", **t.config(
+          INITIAL_DELTAS_PATH=f'"{planted(s, b"{}", "mine.clusters.json").with_name("mine.json")}"')),
+          r"the sidecar of CONFIG_INITIAL_DELTAS_PATH='.*mine\.clusters\.json' holds a file no build"),
+    Write("evaluate --out another run's archive, its lock removed",
+          lambda s, t: s.command("evaluate", "--out", str(t.other / "run.sqlite"), **t.symbols),
+          r"evaluate --out " + OTHER_RUNS.format(r"run\.sqlite")),
+    Write("generate-processor --out another run's history, its lock removed", lambda s, t: s.command(
+          "generate-processor", "--deltas", str(t.other / "deltas_best.json"), "--out", str(t.other / "history.json"),
+          **t.symbols), r"generate-processor --out " + OTHER_RUNS.format(r"history\.json")),
+    Write("export --out another run's archive, its lock removed", lambda s, t: s.finished_run() and s.command(
+          "export", "--candidate", best_candidate(s), "--out", str(t.other / "run.sqlite"), **t.symbols),
+          r"export --out " + OTHER_RUNS.format(r"run\.sqlite")),
+]
+
+
+@pytest.mark.parametrize("case", WRITES, ids=[c.name for c in WRITES])
+def test_a_command_never_writes_where_it_does_not_own(case: Write, tmp_path, shared, tiny_model_dir, uninterrupted,
+                                                       capsys):
+    scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted, lambda strategy: uninterrupted)
+    argv = case.plant(scene, site_of(scene))
+    before = every_file(tmp_path)
+    capsys.readouterr()
+    code = main(argv)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert (code, len(lines)) == (2, 1), lines
+    assert re.fullmatch(rf"error: {case.pattern}.*", lines[0]), lines[0]
+    assert every_file(tmp_path) == before
+
+
+def cli_process(argv: list[str], preexec_fn: Callable[[], None] | None = None) -> Any:
+    """`python -m compressor_2 ARGV` to its end, with a hang guard of 300 s (not a speed target)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    return subprocess.run([sys.executable, "-m", "compressor_2", *argv], cwd=REPO, capture_output=True, text=True,
+                          preexec_fn=preexec_fn, timeout=300, check=False)
+
+
+def test_a_fifo_for_run_lock_is_refused_without_blocking(tmp_path, shared, tiny_model_dir, uninterrupted):
+    """Item 7: opening a FIFO to write the pid waited for a reader for ever. A process of its
+    own, so that the code before could only hang up to the guard."""
+    scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted, lambda strategy: uninterrupted)
+    argv = scene.command("evolve", NGEN=RESUMED_NGEN)
+    out = scene.finished_run()
+    (out / "run.lock").unlink()
+    os.mkfifo(out / "run.lock")
+    files, answers = run_files(out), answers_stored(out)
+    result = cli_process(argv)
+    assert (result.returncode, result.stderr.strip().splitlines()) == (2, [
+        f"error: '{out / 'run.lock'}' is a FIFO, not a regular file: remove it (it only names the pid of the evolve "
+        "holding the run directory, whose lock is on the directory itself)"]), result.stderr
+    assert (out / "run.lock").is_fifo() and run_files(out) == files and answers_stored(out) == answers
+
+
+def test_a_full_disk_is_one_line_naming_the_file(tmp_path, shared, tiny_model_dir):
+    """Item 9: a write that fails for want of room names its file (it said `OSError: [Errno
+    28] No space left on device`). The room runs out by the file-size limit of a process of
+    its own (EFBIG, SIGXFSZ ignored), as a full disk would fail the same writes."""
+    import resource
+    import signal
+
+    def little_room() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+
+    config = str(write_config(tmp_path, shared, tiny_model_dir))
+    assert main(["build-clusters", "--config", config]) == 0  # the session's clusters, with room to build them
+    result = cli_process(["evolve", "--config", config], little_room)
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 1 and len(lines) == 1, result.stderr[-2000:]
+    out = re.escape(str(tmp_path / "out"))
+    assert re.fullmatch(rf"error: '{out}/[^']+' cannot be written: \S.*", lines[0]), lines[0]
+    # The atomic writer, which every other file goes through, alike (and leaves no temp file).
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    target = tmp_path / "big.json"
+    written = subprocess.run([sys.executable, "-c", "import sys; from compressor_2.atomic import atomic_write_bytes; "
+                              "atomic_write_bytes(sys.argv[1], bytes(1 << 20))", str(target)], cwd=REPO,
+                             capture_output=True, text=True, preexec_fn=little_room, timeout=300, check=False)
+    assert written.stderr.strip().splitlines()[-1] == (
+        f"compressor_2.errors.RunError: '{target}' cannot be written: File too large"), written.stderr
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".big")) == [] and not target.exists()
+
+
+def test_the_model_is_compared_by_its_files_and_cached_by_size_and_mtime(tmp_path, tiny_model_dir, monkeypatch):
+    """Item 5: a file's digest is read from the cache while its size and mtime are the same
+    (a 70B is not hashed again), and hashed again when either changed."""
+    from compressor_2.model_digest import model_digest
+
+    monkeypatch.setenv("COMPRESSOR_2_CACHE", str(tmp_path / "cache"))
+    model = Path(shutil.copytree(tiny_model_dir, tmp_path / "model"))
+    weights = model / "model.safetensors"
+    first = model_digest(model)
+    assert first is not None and (tmp_path / "cache" / "model_digests.json").is_file()
+    assert model_digest(shutil.copytree(model, tmp_path / "moved")) == first  # the same files elsewhere
+    (model / "README.md").write_text("notes that change no answer")
+    assert model_digest(model) == first
+    stamp = weights.stat()
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    os.utime(weights, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))  # the same size and mtime: the cache answers
+    assert model_digest(model) == first
+    os.utime(weights, ns=(stamp.st_atime_ns, stamp.st_mtime_ns + 1))
+    assert model_digest(model) != first
+    assert model_digest("org/some-hub-model") is None
+
+
+def test_a_model_whose_weights_changed_in_place_is_refused_on_resume(tmp_path, shared, tiny_model_dir, capsys):
+    """Item 5: the run recorded its model by content; the same path with other weights is
+    another model, and its answers would mix with the cached ones."""
+    model = Path(shutil.copytree(tiny_model_dir, tmp_path / "model"))
+    assert main(["evolve", "--config", str(write_config(tmp_path, shared, model, NGEN="1"))]) == 0
+    weights = model / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    out = tmp_path / "out"
+    files, answers = run_files(out), answers_stored(out)
+    capsys.readouterr()
+    assert main(["evolve", "--config", str(write_config(tmp_path, shared, model, NGEN="2"))]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert re.fullmatch(r"  the model \(a digest of its weights and tokenizer files\): (\d+) files, sha256 "
+                        r"[0-9a-f]{16} when the run started, \1 files, sha256 [0-9a-f]{16} now", lines[1]), lines
+    assert run_files(out) == files and answers_stored(out) == answers
+
+
+JUDGE_KEY, JUDGE_KEY_ENV = "sk-judge-SECRET-2424", "C2_JUDGE_KEY"
+
+
+def judge_symbols(server: Any, **extra: str) -> dict[str, str]:
+    return {"JUDGE_LLM": "y", "JUDGE_BASE_URL": f'"{server.base_url}"', "JUDGE_API_KEY_ENV": f'"{JUDGE_KEY_ENV}"',
+            **extra}
+
+
+def test_a_judge_echoing_the_key_leaves_it_in_no_file(tmp_path, shared, tiny_model_dir, monkeypatch, capsys):
+    """Item 4: the judge's reasoning is stored with every answer (54 rows held the whole key);
+    it is masked as a reflector's text is, raw and JSON-escaped alike."""
+    from tests.fakes.openai_server import FakeOpenAIServer, chat_completion
+
+    def echo(body: dict[str, Any], headers: dict[str, str]) -> tuple[int, Any]:
+        del body
+        auth = next(v for k, v in headers.items() if k.lower() == "authorization")
+        escaped = "".join(f"\\u{ord(c):04x}" for c in auth)
+        return 200, chat_completion(f'{{"is_correct": false, "reasoning": "you sent {auth}; escaped, {escaped}"}}')
+
+    monkeypatch.setenv(JUDGE_KEY_ENV, JUDGE_KEY)
+    with FakeOpenAIServer(echo, with_headers=True) as server:
+        config = write_config(tmp_path, shared, tiny_model_dir, NGEN="1", **judge_symbols(server))
+        assert main(["evolve", "--config", str(config)]) == 0, capsys.readouterr().err
+    out = tmp_path / "out"
+    assert [p for p in out.rglob("*") if p.is_file() and JUDGE_KEY.encode() in p.read_bytes()] == []
+    reasons = [r for (r,) in archive_rows(out, "SELECT reasoning FROM evaluations")]
+    assert reasons and all(r.count("Bearer ***") == 2 for r in reasons)
+
+
+def test_a_judge_that_never_answers_stops_the_run_within_its_bound(tmp_path, shared, tiny_model_dir, monkeypatch):
+    """Items 8 and the hangs: a judge call was 120 s x 6 attempts, with nothing to bound a run.
+    Now one call gets CONFIG_JUDGE_TIMEOUT, its retries included, and the run stops after
+    CONFIG_JUDGE_MAX_CONSECUTIVE_FAILURES failed calls in a row. A process of its own, under
+    the hang guard."""
+    from tests.fakes.openai_server import HANG, FakeOpenAIServer
+
+    monkeypatch.setenv(JUDGE_KEY_ENV, JUDGE_KEY)
+    with FakeOpenAIServer(lambda body: HANG) as server:
+        config = write_config(tmp_path, shared, tiny_model_dir, NGEN="1", **judge_symbols(
+            server, JUDGE_TIMEOUT="2", JUDGE_MAX_CONSECUTIVE_FAILURES="2"))
+        result = cli_process(["evolve", "--config", str(config)])
+        requests = len(server.requests)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: the judge at {server.base_url} failed 2 calls in a row (CONFIG_JUDGE_MAX_CONSECUTIVE_FAILURES=2); "
+        "the last: no verdict within 2 s (CONFIG_JUDGE_TIMEOUT)")
+    assert 2 <= requests <= 2 * 8  # each call one request (the timeout covers its retries), 8 in flight at most
+
+
+@pytest.mark.parametrize("reply, said", [
+    (GATEWAY_PAGE, r"the reply is not JSON \(HTTP 200, application/json\): '<!doctype html>.*"),
+    ({"result": "ok"}, r"the reply is not a chat completion \(no list of choices\): \{'result': 'ok'\}"),
+], ids=["an HTML page with status 200", "a reply without choices"])
+def test_a_judge_reply_that_is_no_chat_completion_is_a_failed_call_saying_what_came_back(reply, said):
+    """Item 4: the judge read the SDK's unvalidated object (JSONDecodeError, AttributeError)."""
+    from compressor_2.errors import RunError
+    from compressor_2.judges.base import JudgeItem
+    from compressor_2.judges.llm import LLMJudge
+    from tests.fakes.openai_server import FakeOpenAIServer
+
+    with FakeOpenAIServer(lambda body: (200, reply)) as server:
+        judge = LLMJudge("m", server.base_url, JUDGE_KEY, max_retries=0, max_failures=2)
+        with pytest.raises(RunError) as failed:
+            judge.judge([JudgeItem("q", "a", "g")])
+        requests = len(server.requests)
+    assert re.fullmatch(rf"the judge at {re.escape(server.base_url)} failed 2 calls in a row "
+                        rf"\(CONFIG_JUDGE_MAX_CONSECUTIVE_FAILURES=2\); the last: the judge model m at "
+                        rf"{re.escape(server.base_url)}: {said}", str(failed.value)), str(failed.value)
+    assert requests == 2
+
+
+def test_a_rebuild_interrupted_after_withdrawing_the_set_still_owns_its_descriptions(tmp_path, shared, tiny_model_dir,
+                                                                                     uninterrupted, capsys):
+    """Item 2's other side: a rebuild removes fingerprint.json first, so a build that failed
+    part way (here: k beyond the vocabulary) leaves descriptions no record vouches for; the
+    ledger does, even for a set built before it existed (claimed then from the record)."""
+    scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted, lambda strategy: uninterrupted)
+    symbols = scene.clusters_copy()
+    (tmp_path / "clusters" / "written.json").unlink(missing_ok=True)  # as a build before the ledger left it
+    assert main(scene.command("build-clusters", **symbols, NUM_CLUSTERS="5000")) == 2
+    assert not (tmp_path / "clusters" / "fingerprint.json").exists()
+    capsys.readouterr()
+    assert main(scene.command("build-clusters", **symbols)) == 0, capsys.readouterr().err
+    assert (tmp_path / "clusters" / "fingerprint.json").is_file()

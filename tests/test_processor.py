@@ -51,10 +51,12 @@ def clusters(tmp_path: Path) -> ClusterSet:
 
 
 def _steered(logits: torch.Tensor, deltas: list[float], token_clusters: np.ndarray) -> torch.Tensor:
-    """The expected row: logit t + deltas[cluster of t] for t in the vocabulary."""
+    """The expected row: logit t + deltas[cluster of t] for t in the vocabulary, nothing for an
+    unsteered token (cluster -1)."""
     row = logits.clone()
     vocab = min(len(token_clusters), row.shape[0])
-    row[:vocab] += torch.tensor(deltas, dtype=torch.float32)[torch.as_tensor(token_clusters[:vocab])]
+    padded = torch.tensor([*deltas, 0.0], dtype=torch.float32)  # -1 reads the appended 0
+    row[:vocab] += padded[torch.as_tensor(token_clusters[:vocab])]
     return row
 
 

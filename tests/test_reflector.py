@@ -10,10 +10,11 @@ import pytest
 from transformers import AutoTokenizer
 
 from compressor_2.clusters.tokens import AnswerTokens
+from compressor_2.deltas import DELTA_BOUND
 from compressor_2.fitness import Record
 from compressor_2.reflector.base import MergeRequest, MutationRequest, Reply, Usage
 from compressor_2.reflector.local import (
-    DELTA_LIMIT, MAX_NOTES, LocalProposer, keep_recent, merge_scratchpads, parse_moves,
+    MAX_NOTES, LocalProposer, keep_recent, merge_scratchpads, parse_moves,
 )
 from compressor_2.reflector.prompt_log import PromptLog
 from compressor_2.reflector.prompts import (
@@ -309,9 +310,9 @@ def test_local_is_deterministic_under_its_seed(local, tokenizer):
 
 
 def test_local_turns_round_at_the_limit(local):
-    deltas = {"0": DELTA_LIMIT, "1": 0.0, "2": 0.0}
+    deltas = {"0": DELTA_BOUND, "1": 0.0, "2": 0.0}
     result = local.mutate(mutation_request(target="0", deltas=deltas))
-    assert result.delta == DELTA_LIMIT - 1.0 and "at the limit" in result.scratchpad
+    assert result.delta == DELTA_BOUND - 1.0 and "at the limit" in result.scratchpad
 
 
 def test_local_merge_puts_the_fitter_parent_first_without_repeats(local):

@@ -38,7 +38,7 @@ def test_the_report_reads_well_in_headless_chromium(tmp_path, shared, tiny_model
     sync_api = browser()
     del uninterrupted  # built the shared clusters
     config_path = write_config(tmp_path, shared, tiny_model_dir, FINANCEBENCH_POOL_INDICES='"0-1"', NGEN="2",
-                               HOLDOUT_INDICES='"2"')
+                               HOLDOUT_INDICES='"2"', COMPARE_SIMPLE="y")
     evolve(load_config(config_path))
     config = load_config(config_path)
     pool = examples_from_config(config)
@@ -68,6 +68,9 @@ def test_the_report_reads_well_in_headless_chromium(tmp_path, shared, tiny_model
             answers = page.locator("table.answers").first
             answers.scroll_into_view_if_needed()
             assert answers.is_visible() and answers.locator("tbody tr").count() >= 1
+            simpler = page.locator("#simpler-table")
+            simpler.scroll_into_view_if_needed()
+            assert simpler.is_visible() and simpler.locator("tbody tr").count() == 4  # baseline, best, EOS, cap
             assert page.locator("#answers-training").inner_text().count("the report ran an answer") == 1  # as text
             # Readable on a laptop: nothing wider than the screen.
             assert page.evaluate("document.documentElement.scrollWidth") <= LAPTOP["width"]

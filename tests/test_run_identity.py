@@ -156,12 +156,14 @@ def rows(o: Others) -> dict[str, tuple[dict[str, str | None], dict[str, str | No
     sglang = {f"SGLANG_{k}": (SGLANG, {f"SGLANG_{k}": v}) for k, v in {
         "COMMAND": '"python -m sglang.launch_server --mem-fraction-static 0.8"', "URLS": '"http://127.0.0.1:30001"',
         "PORT": "30001", "ALLOW_REMOTE": "y", "STARTUP_TIMEOUT": "60", "POLL_INTERVAL": '"1"',
-        "REQUEST_TIMEOUT": "60", "MAX_RESTARTS": "1", "STOP_GRACE": "5", "ALLOW_OTHER_MODEL": "y", "API": '"completions"'}.items()}
+        "REQUEST_TIMEOUT": "60", "MAX_RESTARTS": "1", "STOP_GRACE": "5", "ALLOW_OTHER_MODEL": "y", "API": '"completions"',
+        "DETERMINISTIC": "n"}.items()}
     reflector = {f"REFLECTOR_{k}": (OPENAI, {f"REFLECTOR_{k}": v}) for k, v in {
         "MODEL": '"gpt-4o-mini"', "BASE_URL": '"http://127.0.0.1:8000/v1"', "API_KEY_ENV": '"OTHER_KEY"',
         "TIMEOUT": "60", "MAX_RETRIES": "1", "MAX_CONSECUTIVE_FAILURES": "2"}.items()}
     judge = {f"JUDGE_{k}": (LLM_JUDGE, {f"JUDGE_{k}": v}) for k, v in {
-        "MODEL": '"gpt-4o"', "BASE_URL": '"http://127.0.0.1:8000/v1"', "API_KEY_ENV": '"OTHER_KEY"'}.items()}
+        "MODEL": '"gpt-4o"', "BASE_URL": '"http://127.0.0.1:8000/v1"', "API_KEY_ENV": '"OTHER_KEY"',
+        "TIMEOUT": "60", "MAX_CONSECUTIVE_FAILURES": "2"}.items()}
     plain = {k: (GA, {k: v}) for k, v in {
         "OUTPUT_DIR": f'"{o.work / "elsewhere"}"', "CLUSTER_DIR": o.cluster_dir(),
         "CLUSTER_DESCRIPTIONS_PATH": o.descriptions(), "INITIAL_DELTAS_PATH": o.initial_deltas(),
@@ -178,7 +180,9 @@ def rows(o: Others) -> dict[str, tuple[dict[str, str | None], dict[str, str | No
         "CLUSTER_SEED": "1"}.items()}
     holdout = {"HOLDOUT_DATA": o.data()}  # a held-out set to change from: no check records no setting
     checks = {"HOLDOUT_DATA": (holdout, {"HOLDOUT_DATA": f'"{o.work / "elsewhere.jsonl"}"'}),
-              "HOLDOUT_INDICES": (holdout, {"HOLDOUT_INDICES": '"0"'})}
+              "HOLDOUT_INDICES": (holdout, {"HOLDOUT_INDICES": '"0"'}),
+              "COMPARE_SIMPLE": (GA, {"COMPARE_SIMPLE": "y"}),
+              "COMPARE_INSTRUCTION": ({"COMPARE_SIMPLE": "y"}, {"COMPARE_INSTRUCTION": '"Answer briefly."'})}
     choices = {
         "ENGINE_TRANSFORMERS": (SGLANG, {"ENGINE_SGLANG": None, "ENGINE_TRANSFORMERS": "y"}),
         "ENGINE_SGLANG": (GA, SGLANG),

@@ -59,13 +59,27 @@ def test_a_metric_call_budget_stops_the_run_and_a_raised_one_continues_it(tmp_pa
     assert stops == [reason, reason, "all 4 generations ran"]
 
 
-def test_a_wall_time_budget_stops_inside_the_step_in_progress(tmp_path, shared, tiny_model_dir, capsys):
-    """6 ms are gone at generation 0's first fresh answers or, at the latest (loading the
-    model alone takes longer), at its mutated children's: the step stops there, unfinished."""
+def test_a_wall_time_budget_stops_inside_the_step_in_progress(tmp_path, shared, tiny_model_dir, monkeypatch,
+                                                             capsys):
+    """The budget's clock is the test's: no time passes until the first answer is stored,
+    then an hour (the 6 ms of real time the budget once had ran out before the first step
+    ended on a loaded machine, issue X, item 10). Generation 0 evaluates its population
+    under the budget; its next fresh answers (the mutated children's) are refused: the
+    step stops there, unfinished."""
+    import functools
+
+    from compressor_2.run.budget import Budget
+
+    def clock() -> float:
+        return 3600.0 if (tmp_path / "out" / "run.sqlite").exists() and query(
+            tmp_path / "out", "SELECT count(*) FROM evaluations")[0][0] else 0.0
+
+    monkeypatch.setattr("compressor_2.evolve.Budget", functools.partial(Budget, clock=clock))
     evolve(config_for(tmp_path, shared, tiny_model_dir, MAX_WALL_MINUTES='"0.0001"'))
     out = capsys.readouterr().out
     assert "stopped: CONFIG_MAX_WALL_MINUTES=0.0001 reached" in last_line(out)
     assert read_json(tmp_path / "out" / "evolution_state.json")["generation"] == 0
+    assert query(tmp_path / "out", "SELECT count(*) FROM evaluations") == [(3,)]  # the initial genome's only
     assert query(tmp_path / "out", "SELECT count(*) FROM candidates WHERE operator = 'mutation'") == [(0,)]
     assert float(query(tmp_path / "out", "SELECT value FROM meta WHERE key = 'wall_seconds'")[0][0]) > 0
 

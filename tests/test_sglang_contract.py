@@ -33,10 +33,15 @@ from compressor_2.engines.base import GenerationRequest
 from compressor_2.engines.chat import chat_prompt
 from compressor_2.engines.sglang_engine import SGLangEngine
 from compressor_2.engines.sglang_facts import STATED_SAMPLING, UNSTATED_SAMPLING, unstated_sampling
+from compressor_2.clusters.layout import UNSTEERED
+from compressor_2.config import sglang as sglang_config
+from compressor_2.engines import sglang_facts
+from compressor_2.engines.sglang_server import KNOWN_FAILURES
 from compressor_2.steering.generate import render_processor
-from compressor_2.steering.processor import SteeringProcessor
+from compressor_2.steering.guarded import guarded_spec
+from compressor_2.steering.processor import SteeringProcessor, encode_cluster_map, processor_spec
 from tests.fakes import sglang_server as fake
-from tests.sglang_wheel import SGLang, Batch, Req, load_sglang, sglang_source
+from tests.sglang_wheel import REPO, SGLang, Batch, Req, load_sglang, sglang_source
 
 CLUSTERS = 4
 MAX_NEW = 32
@@ -77,6 +82,7 @@ def tokenizer(tiny_model_dir: Path) -> Any:
 @pytest.fixture(scope="module")
 def clusters(tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> ClusterSet:
     token_clusters = np.random.default_rng(0).integers(0, CLUSTERS, len(tokenizer)).astype(np.int64)
+    token_clusters[1::9] = UNSTEERED  # special tokens: in no cluster
     folder = tmp_path_factory.mktemp("clusters")
     np.save(folder / "token_clusters.npy", token_clusters)
     (folder / FINGERPRINT_FILE).write_text(json.dumps({"fingerprint": "contract"}))
@@ -93,9 +99,12 @@ def engine(tokenizer: Any, clusters: ClusterSet) -> SGLangEngine:
 
 
 def sent_bodies(engine: SGLangEngine) -> list[dict[str, Any]]:
-    """Every kind of body the engine sends: answers, and the steering probe, as HTTP carries them."""
+    """Every kind of body the engine sends: answers, and the steering probes (the guarded one
+    with its map inside), as HTTP carries them."""
     sent = [engine.request_body(GenerationRequest(p, d)) for p, d in zip(PROMPTS, DELTAS)]
-    return [json.loads(json.dumps(body)) for body in sent + engine.probe_bodies(0)]
+    guarded = engine.probe_bodies(0, guarded_spec(), {"cluster_map": encode_cluster_map(
+        engine.clusters.token_clusters)})
+    return [json.loads(json.dumps(body)) for body in sent + engine.probe_bodies(0) + guarded]
 
 
 @pytest.fixture(scope="module")
@@ -245,12 +254,14 @@ def test_the_fake_server_builds_completions_sampling_params_as_sglang_does(
 
 def expected_logits(logits: torch.Tensor, steering: list[tuple[float, ...] | None],
                     token_clusters: np.ndarray) -> torch.Tensor:
-    """Each row plus its deltas' bias on the tokenizer's ids, computed here, not by bias.py."""
+    """Each row plus its deltas' bias on the tokenizer's ids (none on an unsteered one),
+    computed here, not by bias.py."""
     expected = logits.clone()
-    ids = torch.from_numpy(token_clusters)
     for row, deltas in enumerate(steering):
         if deltas is not None:
-            expected[row, : len(ids)] += torch.tensor(deltas, dtype=torch.float32)[ids]
+            for token, cluster in enumerate(token_clusters.tolist()):
+                if cluster != UNSTEERED:
+                    expected[row, token] += deltas[cluster]
     return expected
 
 
@@ -317,3 +328,90 @@ def test_sglangs_batching_of_both_processors_gives_logits_plus_bias(
     steering += [deltas for _, deltas in joining]
     assert sorted(entry.rows for entry in info.custom_logit_processor.values()) == [[0, 3, 5], [1, 2, 4]]
     step_is_exact()
+
+
+# -- a server that cannot import compressor_2, and deterministic inference ------------------------
+
+LOAD_AND_CALL = """
+import json, sys, importlib.util, torch
+sys.path.insert(0, {repo!r})
+from tests.fakes.sglang_server import hide_package
+if {hidden!r}:
+    hide_package("compressor_2")
+spec = importlib.util.spec_from_file_location("sglang_custom_logit_processor", {module!r})
+sglang = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sglang)
+results = {{}}
+for name, string in {strings!r}.items():
+    try:
+        processor = sglang.CustomLogitProcessor.from_str(string)
+        results[name] = processor(torch.zeros(1, {width}), [{params!r}]).tolist()
+    except Exception as exc:
+        results[name] = type(exc).__name__
+print(json.dumps(results))
+"""
+
+
+def _load_in_sglang(strings: dict[str, str], params: dict[str, Any], width: int, hidden: bool,
+                    cwd: Path) -> dict[str, Any]:
+    """SGLang's own CustomLogitProcessor.from_str on `strings`, in a fresh Python where
+    compressor_2 is `hidden` or not, each processor called on a row of zeros."""
+    module = sglang_source() / "sglang" / "srt" / "sampling" / "custom_logit_processor.py"
+    script = LOAD_AND_CALL.format(repo=str(REPO), hidden=hidden, module=str(module), strings=strings,
+                                  width=width, params=params)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=cwd, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_the_guarded_string_loads_in_sglang_to_the_processor_or_to_nothing_and_never_fails(
+        clusters: ClusterSet, tmp_path: Path):
+    deltas = [1.0, -2.0, 0.5, 3.25]
+    params = {"deltas": deltas, "cluster_map": encode_cluster_map(clusters.token_clusters)}
+    width = len(clusters.token_clusters) + 64
+    strings = {"guarded": guarded_spec(), "run": processor_spec()}
+    steered = expected_logits(torch.zeros(1, width), [tuple(deltas)], clusters.token_clusters).tolist()
+    # Where compressor_2 imports, both load to its processor and steer.
+    assert _load_in_sglang(strings, params, width, hidden=False, cwd=tmp_path) == {"guarded": steered,
+                                                                                  "run": steered}
+    # Where it does not, the run's string raises inside SGLang's scheduler (which then kills the
+    # server: the fake dies so too); the guarded one loads to a processor that changes nothing.
+    assert _load_in_sglang(strings, params, width, hidden=True, cwd=tmp_path) == {
+        "guarded": [[0.0] * width], "run": "ModuleNotFoundError"}
+
+
+def _sglang_file(*parts: str) -> str:
+    return (sglang_source() / "sglang" / "srt").joinpath(*parts).read_text()
+
+
+def test_the_deterministic_attention_rules_are_sglangs():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sglang_choices", sglang_source() / "sglang" / "srt" /
+                                                  "arg_groups" / "choices.py")
+    choices = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(choices)  # plain lists, no imports
+    backends = tuple(choices.DETERMINISTIC_ATTENTION_BACKEND_CHOICES)
+    radix = tuple(choices.RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND)
+    assert sglang_config.DETERMINISTIC_BACKENDS == fake.DETERMINISTIC_BACKENDS == backends
+    assert sglang_facts.RADIX_DETERMINISTIC_BACKENDS == fake.RADIX_DETERMINISTIC_BACKENDS == radix
+    assert sglang_config.PORTABLE_BACKEND in radix  # triton keeps the radix cache
+    # The fallback when no backend is given: flashinfer on SM100 and SM120, fa3 elsewhere.
+    overrides = _sglang_file("arg_groups", "overrides.py")
+    assert "if get_platform().is_sm100 or get_platform().is_sm120:" in overrides
+    assert 'backend = "flashinfer"' in overrides and 'backend = "fa3"' in overrides
+    common = _sglang_file("utils", "common.py")
+    assert "device_capability_majors=[10], cuda_version=(12, 8)" in common  # is_sm100
+    assert "device_capability_majors=[12], cuda_version=(12, 8)" in common  # is_sm120
+    assert sglang_config.FLASHINFER_FALLBACK_MAJORS == fake.FLASHINFER_FALLBACK_MAJORS == (10, 12)
+    # fa3 asserts outside SM80-SM90, in these words, which the launcher's hint looks for.
+    registry = _sglang_file("layers", "attention", "attention_registry.py")
+    assert "(major == 8 and not runner.use_mla_backend) or major == 9" in registry
+    assert sglang_config.FA3_MAJORS == (8, 9)
+    assert fake.FA3_ASSERTION.split(". ")[0] in registry
+    assert any(pattern in fake.FA3_ASSERTION for pattern, _ in KNOWN_FAILURES)
+    # Deterministic inference on a backend outside the radix list turns the radix cache off.
+    hook = _sglang_file("arg_groups", "attention_hook.py")
+    assert "if attention_backend not in RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND:" in hook
+    assert "disable_radix_cache=True" in hook

@@ -94,7 +94,8 @@ def test_one_server_and_one_processor_string_for_every_call(engine: SGLangEngine
     engine.generate(requests(EOS_NEVER), progress=done.append)
     assert done == [1] * (2 * len(PROMPTS))
     assert engine.server_starts == 1
-    assert fake_stats(engine.urls[0])["processor_strings"] == 1
+    # The run's string, and the guarded one the probe sent first.
+    assert fake_stats(engine.urls[0])["processor_strings"] == 2
 
 
 def test_mixed_individuals_in_one_call_match_separate_calls(engine: SGLangEngine, reference):
@@ -129,13 +130,13 @@ def test_crash_mid_evaluation_restarts_once_and_resends(tiny_model_dir, clusters
 
 
 def test_a_server_that_keeps_dying_exhausts_the_restarts(tiny_model_dir, clusters, tmp_path: Path):
-    # Every server dies on its third request: the two steering probes pass, work never does.
-    config = sglang_config(tmp_path / "run", tiny_model_dir, "--fake-crash-after", "2",
+    # Every server dies on its fifth request: the four steering probes pass, work never does.
+    config = sglang_config(tmp_path / "run", tiny_model_dir, "--fake-crash-after", "4",
                            sglang_max_restarts=1)
     engine = SGLangEngine.from_config(config, clusters)
     try:
-        with pytest.raises(RunError, match=r"CONFIG_SGLANG_MAX_RESTARTS=1.*fake crash on request 3"):
-            engine.generate(requests(ZEROS))
+        with pytest.raises(RunError, match=r"CONFIG_SGLANG_MAX_RESTARTS=1.*fake crash on request 5"):
+            engine.generate(requests(ZEROS, EOS_SOONER))
         assert engine.server_starts == 2
     finally:
         engine.close()
@@ -221,9 +222,10 @@ def test_a_server_that_ignores_the_deltas_is_refused_before_any_work(engine, clu
     config = sglang_config(tmp_path / "run", tiny_model_dir, sglang_urls=engine.urls)
     with pytest.raises(RunError, match="ignores the steering deltas.*elsewhere/token_clusters.npy") as refused:
         SGLangEngine.from_config(config, unreadable)
-    # Every cause is named with its fix, a router that drops the deltas included.
-    assert ("or a router or proxy in front of the server drops sampling_params.custom_params (SGLang's router "
-            "does on /generate: set CONFIG_SGLANG_API=completions, or auto)") in str(refused.value)
+    # It imports the processor (the guarded probe, with the map inside the request, passed):
+    # the map's file is what it lacks, and the fix is named.
+    assert "although it steers with the map sent inside the request" in str(refused.value)
+    assert "CONFIG_CLUSTER_DIR copied to the same absolute path" in str(refused.value)
 
 
 def test_the_launched_server_runs_deterministic_inference(engine: SGLangEngine):
@@ -249,14 +251,16 @@ def test_a_server_that_steers_only_the_first_token_fails_the_probe(tiny_model_di
             SGLangEngine.from_config(attach(tmp_path, tiny_model_dir, url), clusters)
 
 
-def test_a_server_without_deterministic_inference_is_warned_about(tiny_model_dir, clusters, tmp_path: Path,
-                                                                  caplog):
+def test_a_server_without_deterministic_inference_is_refused_unless_the_config_accepts_it(
+        tiny_model_dir, clusters, tmp_path: Path, caplog):
     with fake_server(tiny_model_dir, "--enable-custom-logit-processor") as url:
+        with pytest.raises(ConfigError, match=rf"^{url} runs without --enable-deterministic-inference but "
+                                              r"CONFIG_SGLANG_DETERMINISTIC=y: .*answer cache"):
+            SGLangEngine.from_config(attach(tmp_path, tiny_model_dir, url), clusters)
         with caplog.at_level(logging.WARNING, logger="compressor_2.engines"):
-            SGLangEngine.from_config(attach(tmp_path, tiny_model_dir, url), clusters).close()
-    [warning] = [r.getMessage() for r in caplog.records if "deterministic" in r.getMessage()]
-    assert f"{url} runs without --enable-deterministic-inference" in warning
-    assert "answer cache" in warning
+            SGLangEngine.from_config(attach(tmp_path, tiny_model_dir, url, sglang_deterministic=False),
+                                     clusters).close()
+    assert not [r for r in caplog.records if "deterministic" in r.getMessage()]
 
 
 def test_a_servers_preferred_sampling_params_change_no_answer(tiny_model_dir, clusters, reference,
@@ -339,12 +343,14 @@ def test_the_completions_path_gives_the_answers_of_the_generate_path(clusters, r
         with SGLangEngine.from_config(dataclasses.replace(config, sglang_api="auto"), clusters) as auto:
             assert auto.api.name == "generate"  # a server, not a router
     sent = logged_requests(log, "/v1/completions")
-    assert len(sent) == 2 + len(batch)  # the two probes, then every answer
+    assert len(sent) == 4 + len(batch)  # the guarded probe, the run's probe, then every answer
     for body in sent:
         assert isinstance(body["prompt"], str) and "input_ids" not in body and "sampling_params" not in body
-        assert body["custom_params"]["deltas"] and body["custom_logit_processor"] == completions.processor
-        assert body["max_tokens"] in (MAX_NEW, PROBE_TOKENS) and body["return_token_ids"] is True
-    assert len(logged_requests(log, "/generate")) == 2  # auto: the probes only
+        assert body["custom_params"]["deltas"] and body["max_tokens"] in (MAX_NEW, PROBE_TOKENS)
+        assert body["return_token_ids"] is True
+    assert [body["custom_logit_processor"] == completions.processor for body in sent] == [False] * 2 + [True] * (
+        2 + len(batch))
+    assert len(logged_requests(log, "/generate")) == 4  # auto: the probes only
 
 
 def test_a_bos_the_tokenizer_adds_is_left_out_of_the_text_and_answers_stay_equal(

@@ -76,3 +76,21 @@ def test_rows_are_grouped_by_processor_string_and_steered_together(tiny_model_di
     assert stats["processor_strings"] == 1
     assert stats["max_rows_per_call"] > 1  # one call per step for the whole group
     assert stats["processor_calls"] < 6 * 6
+
+
+def test_a_worker_modelling_prefill_prefills_what_its_prefix_cache_lacks(tiny_model_dir: Path):
+    a, b, c = [1, 2, 3, 4, 5, 6], [1, 2, 3, 9, 9, 9], [7, 8, 9, 10, 11, 12]
+    flags = ("--fake-prefill-per-token", "0.001", "--fake-prefix-cache", "12")
+    with fake_server(tiny_model_dir, *ATTACHABLE, *flags) as address:
+        prefilled = []
+        for ids in (a, a, b, c, a):
+            assert generate(address, {"max_new_tokens": 1}, ids).status_code == 200
+            prefilled.append(fake_stats(address)["prefilled_tokens"])
+    # a in full; a again: nothing; b: past the prefix it shares with a; c: in full, and a (the
+    # least recently used) is dropped to keep 12 tokens; a again: past the prefix b still holds.
+    assert [n - m for n, m in zip(prefilled, [0, *prefilled])] == [6, 0, 3, 6, 3]
+
+
+def test_without_the_prefill_flags_nothing_is_counted(url: str):
+    assert generate(url, {"max_new_tokens": 1}).status_code == 200
+    assert fake_stats(url)["prefilled_tokens"] == 0

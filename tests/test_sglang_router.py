@@ -22,6 +22,8 @@ from compressor_2.engines.sglang_engine import PROBE_TOKENS, SGLangEngine
 from compressor_2.errors import RunError
 from compressor_2.evaluate import run_evaluate
 from compressor_2.evolve import evolve
+from compressor_2.steering.guarded import guarded_spec
+from compressor_2.steering.processor import processor_spec
 from tests.sglang_helpers import ATTACHABLE, fake_server, logged_requests, probe_clusters, sglang_config
 from tests.sglang_router import RouterUnavailable, fake_workers, router, router_python
 from tests.test_evolution_support import config_for, query
@@ -97,26 +99,30 @@ def test_a_run_through_the_router_equals_one_server_and_every_worker_gets_the_de
     received = [completions(worker) for worker in workers]
     # Round robin: every worker served a share of the run (the router's own probes included).
     answered = len(direct["answers"]) + len(direct["evaluation"]["records"])
-    probes = 2 * (2 * WORKERS + 2)  # evolve's engine and evaluate's: each worker's, then the router's
+    # evolve's engine and evaluate's: each worker's guarded and own probes, then the router's
+    probes = 2 * (4 * WORKERS + 2)
     assert sum(map(len, received)) == answered + probes
     assert all(len(bodies) >= answered // WORKERS for bodies in received)
     for worker, bodies in zip(workers, received):
         for body in bodies:  # every request arrived with its deltas and the run's processor
             assert len(body["custom_params"]["deltas"]) == len(json.loads(direct["candidates"][0][1]))
-            assert body["custom_logit_processor"] == bodies[0]["custom_logit_processor"]
             assert body["max_tokens"] in (MAX_NEW_TOKENS, PROBE_TOKENS) and isinstance(body["prompt"], str)
             assert body["return_token_ids"] is True  # passed on: the answers' prompt ids are checked
-        # Every worker was also probed directly, before the router was.
-        assert [max(b["custom_params"]["deltas"], key=abs) for b in bodies[:2]] == [1000.0, -1000.0]
+        # Every worker was also probed directly, before the router was: first with the string
+        # that cannot kill it (once per engine), then with the run's.
+        assert [max(b["custom_params"]["deltas"], key=abs) for b in bodies[:4]] == [1000.0, -1000.0] * 2
+        guarded = [body for body in bodies if body["custom_logit_processor"] == guarded_spec()]
+        assert bodies[:2] == guarded[:2] and len(guarded) == 4
+        assert {body["custom_logit_processor"] for body in bodies if body not in guarded} == {processor_spec()}
         assert logged_requests(worker.requests, "/generate") == []
 
 
 def test_a_worker_killed_mid_run_costs_no_answer(python: Path, direct, shared: Path, tiny_model_dir: Path,
                                                  tmp_path: Path, caplog):
-    # The second worker dies abruptly when its 7th request arrives: past the probes (its own
-    # 2 and one of the router's), at the run's first generation, with others of its requests
+    # The second worker dies abruptly when its 9th request arrives: past the probes (its own
+    # 4 and one of the router's), at the run's first generation, with others of its requests
     # in flight. The router executes them again on the survivor.
-    crash = ["--fake-crash-after", "6", "--fake-crash-marker", str(tmp_path / "crashed")]
+    crash = ["--fake-crash-after", "8", "--fake-crash-marker", str(tmp_path / "crashed")]
     with fake_workers(tiny_model_dir, 2, tmp_path / "workers", flags_of={1: crash}) as workers:
         with router(python, [w.url for w in workers], tmp_path / "router.log") as url:
             with caplog.at_level(logging.WARNING, logger="compressor_2.engines"):
@@ -124,10 +130,10 @@ def test_a_worker_killed_mid_run_costs_no_answer(python: Path, direct, shared: P
         assert (tmp_path / "crashed").exists() and workers[1].process.poll() is not None
     assert outcome(out) == direct  # every answer, every fitness, the best deltas, the evaluation
     executed = [len(completions(worker)) for worker in workers]
-    # (Requests arriving with the 7th are logged before it crashes the worker.)
-    assert 7 <= executed[1] < 7 + int(RUN["EVAL_CONCURRENCY"])
+    # (Requests arriving with the 9th are logged before it crashes the worker.)
+    assert 9 <= executed[1] < 9 + int(RUN["EVAL_CONCURRENCY"])
     # The lost requests ran twice: the workers executed more than the archive holds answers.
-    probes = (2 * 2 + 2) + (2 + 2)  # evolve: both workers and the router; evaluate: the survivor and the router
+    probes = (4 * 2 + 2) + (4 + 2)  # evolve: both workers and the router; evaluate: the survivor and the router
     assert sum(executed) > len(direct["answers"]) + len(direct["evaluation"]["records"]) + probes
     # The evaluate after the run found the dead worker still listed: it went on without it.
     [warning] = [r.getMessage() for r in caplog.records if "cannot be reached" in r.getMessage()]
@@ -146,5 +152,5 @@ def test_the_generate_path_through_the_router_is_refused_by_the_probe(routed, ti
             "CONFIG_SGLANG_API=completions (or auto)") in str(refused.value)
     # The workers passed the same probe, sent to each directly; the router's reached one without deltas.
     probes = [logged_requests(w.requests, "/generate") for w in workers]
-    assert all(len(bodies) >= 2 for bodies in probes) and sum(map(len, probes)) == 2 * WORKERS + 2
+    assert all(len(bodies) >= 4 for bodies in probes) and sum(map(len, probes)) == 4 * WORKERS + 2
     assert sum("custom_params" not in body["sampling_params"] for bodies in probes for body in bodies) == 2

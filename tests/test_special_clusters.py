@@ -44,6 +44,8 @@ def _cluster_of(vocab: Vocabulary, token: str) -> str:
     token_id = vocab.tokens.index(token)
     if token_id in vocab.eos_ids:
         return "0"
+    if token_id in vocab.unsteered_ids:
+        return "unsteered"
     return "1" if is_number_token(vocab.texts[token_id]) else "k-means"
 
 
@@ -55,8 +57,10 @@ def test_minilm_wordpiece(minilm_dir: Path) -> None:
     assert vocab.eos_ids == frozenset()
     for token in ["0", "9", "12", "1000", "##2", "##5", "$", "%", "+", "=", "/"]:
         assert _cluster_of(vocab, token) == "1", token
-    for token in ["b1", "x", ".", ",", "(", "the", "##ing", "[SEP]", "[PAD]", "²"]:
+    for token in ["b1", "x", ".", ",", "(", "the", "##ing", "²"]:
         assert _cluster_of(vocab, token) == "k-means", token
+    for token in ["[SEP]", "[PAD]", "[CLS]", "[MASK]", "[UNK]"]:
+        assert _cluster_of(vocab, token) == "unsteered", token
 
 
 def test_generation_config_eos_list(tmp_path: Path, minilm_dir: Path) -> None:
@@ -76,14 +80,15 @@ def test_byte_level_bpe(tmp_path: Path) -> None:
     assert vocab.texts[ids["Ġ1,000"]] == " 1,000"
     for token in ["Ġ1,000", "1,000", "Ġ3.5%", "Ġ$1,000", "Ġ(12)", "Ġ$", "$", "%", "Ġ42", "Ġ=", "Ġ+", "2018"]:
         assert _cluster_of(vocab, token) == "1", token
-    for token in ["ĠFY2018", "x2", "Ġx2", ".", ",", "Ġ.", "Ġ,", "Ġcosts", "<pad>"]:
+    for token in ["ĠFY2018", "x2", "Ġx2", ".", ",", "Ġ.", "Ġ,", "Ġcosts"]:
         assert _cluster_of(vocab, token) == "k-means", token
+    assert _cluster_of(vocab, "<pad>") == "unsteered"
 
 
 def test_tiny_gpt2_model(tiny_model_dir: Path) -> None:
     vocab = load_vocabulary(str(tiny_model_dir))
     ids = {token: i for i, token in enumerate(vocab.tokens)}
-    assert vocab.eos_ids == {ids["<|endoftext|>"]}
+    assert vocab.eos_ids == {ids["<|endoftext|>"]} and vocab.unsteered_ids == {ids["<pad>"]}
     assert {_cluster_of(vocab, t) for t in ("Ġ20", "Ġ$", "00", "36")} == {"1"}
     assert {_cluster_of(vocab, t) for t in ("Ġmillion", ".", ",", "Ġ")} == {"k-means"}
 

@@ -34,6 +34,7 @@ the run directory's lock; `show` opens the file read-only.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import threading
 import time
@@ -45,12 +46,17 @@ from typing import Any
 
 from compressor_2.api_key import scrub
 from compressor_2.archive.lineage import Lineage
-from compressor_2.errors import ConfigError
-from compressor_2.json_values import shown
+from compressor_2.chat_reply import MAX_TOKENS
+from compressor_2.errors import ConfigError, RunError
+from compressor_2.json_values import as_count, as_float, shown
 
 ARCHIVE_FILE = "run.sqlite"
 SCHEMA_VERSION = 1
 MAX_ID = 2**63 - 1  # SQLite's largest integer
+# The counters kept in meta, each refused on reading when it is not a number >= 0 (an integer
+# where it counts things): `store` once reset a hand-edited cache_hits='NaN' to 0 without a word.
+SEED_GENERATION = -1  # the strategies' seed candidates stand before their first step
+COUNTERS = {"wall_seconds": False, "cache_hits": True, "check_cache_hits": True}
 
 # The search's answers (evaluations) and the checks' (check_answers) have one shape.
 _ANSWERS = """(
@@ -257,6 +263,7 @@ class RunArchive:
         self.path = path
         self._lock = threading.RLock()
         self.seconds = 0.0
+        self._lineage_checked = False
 
     @classmethod
     def open(cls, path: Path) -> RunArchive:
@@ -274,10 +281,19 @@ class RunArchive:
             db.executescript(SCHEMA)
             if version != SCHEMA_VERSION:  # a new file: an open of an existing one writes nothing to it
                 db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        except sqlite3.OperationalError as exc:  # a full disk, a read-only file: the file is sound
+            raise RunError(f"'{path}' cannot be written: {exc}") from None
         except sqlite3.DatabaseError as exc:
             raise ConfigError(f"'{path}' is not a usable run database ({exc}); move it away "
                               "(or choose another CONFIG_OUTPUT_DIR) to start a fresh run") from None
-        return cls(db, path)
+        archive = cls(db, path)
+        try:
+            for key in COUNTERS:
+                archive.meta_count(key)
+        except ConfigError:
+            archive.close()
+            raise
+        return archive
 
     @classmethod
     def open_read_only(cls, path: Path) -> RunArchive:
@@ -298,14 +314,18 @@ class RunArchive:
     def _transaction(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
             started = time.perf_counter()
-            self._db.execute("BEGIN IMMEDIATE")
             try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            else:
-                self._db.execute("COMMIT")
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+                else:
+                    self._db.execute("COMMIT")
+            except sqlite3.OperationalError as exc:
+                # A full disk, a read-only file: said with the file's name, not as SQLite's bare text.
+                raise RunError(f"'{self.path}' cannot be written: {exc}") from None
             finally:
                 self.seconds += time.perf_counter() - started
 
@@ -324,16 +344,17 @@ class RunArchive:
         return rows[0][0] if rows else default
 
     def meta_count(self, key: str) -> float:
-        """A counter kept in meta (0 when absent): a finite number >= 0, else refused, naming
-        the row."""
-        text = self.meta(key, "0") or "0"
+        """A counter kept in meta (0 when absent): a finite number >= 0 (an integer for the
+        counters of things), else refused, naming the row."""
+        text = self.meta(key, "0")
         try:
-            value = float(text)
+            value = float(text) if isinstance(text, str) else math.nan
         except ValueError:
-            value = -1.0
-        if not 0 <= value < float("inf"):
-            raise ConfigError(f"'{self.path}' table meta, row {key}: {shown(text)} is not a number >= 0; delete "
-                              "that row to count from 0 again")
+            value = math.nan
+        integer = COUNTERS.get(key, False)
+        if not 0 <= value < float("inf") or (integer and not value.is_integer()):
+            raise ConfigError(f"'{self.path}' table meta, row {key}: {shown(text)} is not "
+                              f"{'an integer' if integer else 'a number'} >= 0; delete that row to count from 0 again")
         return value
 
     def set_meta(self, values: Mapping[str, object]) -> None:
@@ -352,8 +373,26 @@ class RunArchive:
         return rows[0][0] if rows else None
 
     def events(self, kind: str | None = None) -> list[tuple[str, dict[str, Any], float]]:
-        sql = "SELECT kind, detail, created FROM events" + (" WHERE kind = ?" if kind else "") + " ORDER BY id"
-        return [(k, json.loads(d), c) for k, d, c in self._query(sql, (kind,) if kind else ())]
+        sql = "SELECT id, kind, detail, created FROM events" + (" WHERE kind = ?" if kind else "") + " ORDER BY id"
+        return [self._event(*row) for row in self._query(sql, (kind,) if kind else ())]
+
+    def _event(self, eid: int, kind: Any, detail: Any, created: Any) -> tuple[str, dict[str, Any], float]:
+        try:
+            decoded = json.loads(detail) if isinstance(detail, str) else None
+        except ValueError:
+            decoded = None
+        when = as_float(created)
+        if not isinstance(kind, str) or not isinstance(decoded, dict) or when is None:
+            problem = (f"kind is {shown(kind)}, not text" if not isinstance(kind, str) else
+                       f"detail is {shown(detail)}, not a JSON object" if not isinstance(decoded, dict) else
+                       f"created is {shown(created)}, not a finite number")
+            raise self._bad_row("events", eid, problem)
+        return kind, decoded, when
+
+    def _bad_row(self, table: str, row: object, problem: str) -> ConfigError:
+        """A hand-edited row the run cannot use, named by its table and row."""
+        return ConfigError(f"'{self.path}' table {table}, row {row}: {problem}; restore it, or move the run "
+                           "directory away to start afresh")
 
     # -- candidates -------------------------------------------------------------------------
 
@@ -434,16 +473,50 @@ class RunArchive:
         links = (self._query("SELECT child, parent FROM lineage WHERE child = ? ORDER BY position", (rows[0][0],))
                  if len(rows) == 1 else
                  self._query("SELECT child, parent FROM lineage ORDER BY child, position"))
+        self._check_lineage()
         for child, parent in links:
             if child in parents:
                 parents[child].append(parent)
-        return [Candidate(json.loads(deltas), scratchpad, operator, tuple(parents[cid]), strategy, generation,
-                          status, note, fitness, mean_tokens, correctness, cid, created)
-                for (cid, deltas, scratchpad, operator, strategy, generation, status, note, fitness, mean_tokens,
-                     correctness, created) in rows]
+        return [self._candidate(row, tuple(parents[row[0]])) for row in rows]
+
+    def _candidate(self, row: Sequence[Any], parents: tuple[int, ...]) -> Candidate:
+        """A candidates row as a `Candidate`, every field checked: a hand edit would otherwise
+        surface as a bare JSONDecodeError or TypeError far from the row. What the archive
+        wrote passes one quick test (`show` reads 100,000 rows); only a row that fails it is
+        examined field by field."""
+        cid, deltas, scratchpad, operator, strategy, generation, status, note, fitness, mean_tokens, correctness, \
+            created = row
+        decoded = _deltas(deltas)
+        as_written = (decoded is not None and type(generation) is int and generation >= SEED_GENERATION
+                      and type(created) is float and -math.inf < created < math.inf
+                      and type(scratchpad) is str and type(operator) is str and type(strategy) is str
+                      and type(status) is str and type(note) is str
+                      and (fitness is None or (type(fitness) is float and 0 <= fitness <= 1))
+                      and (mean_tokens is None or (type(mean_tokens) is float and 0 <= mean_tokens < math.inf))
+                      and (correctness is None or (type(correctness) is float and 0 <= correctness <= 1)))
+        if not as_written and (problem := _candidate_problem(row, decoded)):
+            raise self._bad_row("candidates", cid, problem)
+        return Candidate(decoded or {}, scratchpad, operator, parents, strategy, generation, status, note,
+                         None if fitness is None else float(fitness),
+                         None if mean_tokens is None else float(mean_tokens),
+                         None if correctness is None else float(correctness), cid, float(created))
+
+    def _check_lineage(self) -> None:
+        """Every parent link names a candidate the archive holds (checked once: this process's
+        own writes keep it so, with foreign keys on)."""
+        if self._lineage_checked:
+            return
+        orphan = self._query("SELECT l.child, l.position, l.parent FROM lineage l LEFT JOIN candidates c "
+                             "ON c.id = l.parent WHERE c.id IS NULL OR typeof(l.parent) != 'integer' LIMIT 1")
+        if orphan:
+            child, position, parent = orphan[0]
+            raise self._bad_row("lineage", f"(child {shown(child)}, position {shown(position)})",
+                                f"parent {shown(parent)} is not a candidate of the archive")
+        self._lineage_checked = True
 
     def edges(self) -> list[tuple[int, int]]:
         """(parent, child) for every lineage link."""
+        self._check_lineage()
         return [(p, c) for c, p in self._query("SELECT child, parent FROM lineage ORDER BY child, position")]
 
     def lineage(self) -> Lineage:
@@ -534,8 +607,19 @@ class RunArchive:
 
     def merges(self) -> list[tuple[int, int, int, int, tuple[int, ...], bool]]:
         """(candidate, first, second, ancestor, component sources, accepted), oldest first."""
-        return [(c, f, s, a, tuple(json.loads(src)), bool(acc)) for c, f, s, a, src, acc in self._query(
-            "SELECT candidate, first, second, ancestor, sources, accepted FROM merges ORDER BY candidate")]
+        rows = self._query("SELECT candidate, first, second, ancestor, sources, accepted FROM merges "
+                           "ORDER BY candidate")
+        return [(c, f, s, a, self._ids("merges", c, "sources", src), bool(acc)) for c, f, s, a, src, acc in rows]
+
+    def _ids(self, table: str, row: object, column: str, text: Any) -> tuple[int, ...]:
+        """A stored JSON list of integers (candidate ids, positions), refused otherwise."""
+        try:
+            decoded = json.loads(text) if isinstance(text, str) else None
+        except ValueError:
+            decoded = None
+        if not isinstance(decoded, list) or any(as_count(item, MAX_ID + 1) is None for item in decoded):
+            raise self._bad_row(table, row, f"{column} is {shown(text)}, not a JSON list of integers >= 0")
+        return tuple(decoded)
 
     # -- the evaluation cache ---------------------------------------------------------------
 
@@ -585,8 +669,9 @@ class RunArchive:
         now = time.time()
         hits_key = "cache_hits" if table == "evaluations" else "check_cache_hits"
         with self._transaction() as db:
-            db.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE "
-                       "SET value = CAST(value AS INTEGER) + excluded.value", (hits_key, cache_hits))
+            # Read through the check, never CAST: a hand-edited 'NaN' would silently become 0.
+            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                       (hits_key, str(int(self.meta_count(hits_key)) + cache_hits)))
             db.executemany(
                 f"INSERT OR REPLACE INTO {_table(table)} (genome, example, context, answer, tokens, is_correct, "
                 "reasoning, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -636,6 +721,14 @@ class RunArchive:
             return {}
         rows = self._query("SELECT split, genome, examples, mean_tokens, correctness, fitness FROM check_results "
                            "WHERE split = ? ORDER BY created, genome", (split,))
+        for _, genome, examples, mean_tokens, correctness, fitness in rows:
+            valid = {"examples": as_count(examples, MAX_ID + 1) is not None,
+                     "mean_tokens": mean_tokens is not None and _score(mean_tokens, math.inf),
+                     "correctness": correctness is not None and _score(correctness, 1.0),
+                     "fitness": fitness is not None and _score(fitness, 1.0)}
+            if bad := next((name for name, ok in valid.items() if not ok), None):
+                raise self._bad_row("check_results", f"of split '{split}', genome '{shown(genome)[1:-1]}'",
+                                    f"{bad} is not a number in its range")
         return {r[1]: CheckResult(*r) for r in rows}
 
     # -- reflector calls --------------------------------------------------------------------
@@ -649,7 +742,17 @@ class RunArchive:
                  call.prompt_tokens, call.completion_tokens, call.latency, scrub(call.verdict), time.time()))
 
     def reflector_tokens(self) -> tuple[int, int, int]:
-        """(calls, prompt tokens, completion tokens) over the whole run."""
+        """(calls, prompt tokens, completion tokens) over the whole run; a count that is no
+        integer in [0, 2^53) is refused (a negative one once took a run past its budget)."""
+        bad = self._query(
+            "SELECT id, prompt_tokens, completion_tokens FROM reflector_calls WHERE typeof(prompt_tokens) != 'integer' "
+            "OR typeof(completion_tokens) != 'integer' OR min(prompt_tokens, completion_tokens) < 0 "
+            "OR max(prompt_tokens, completion_tokens) >= ? LIMIT 1", (MAX_TOKENS,))
+        if bad:
+            cid, prompt, completion = bad[0]
+            name, value = ("prompt_tokens", prompt) if as_count(prompt, MAX_TOKENS) is None else \
+                ("completion_tokens", completion)
+            raise self._bad_row("reflector_calls", cid, f"{name} is {shown(value)}, not an integer in [0, 2^53)")
         calls, prompt, completion = self._query(
             "SELECT count(*), coalesce(sum(prompt_tokens), 0), coalesce(sum(completion_tokens), 0) "
             "FROM reflector_calls")[0]
@@ -670,9 +773,11 @@ class RunArchive:
         return int(newest), int(calls), int(accepted), rejected[0][0].removeprefix("rejected: ") if rejected else ""
 
     def calls_about(self, cid: int) -> list[CallRecord]:
-        rows = self._query("SELECT kind, candidate, parents, generation, attempt, prompt_tokens, completion_tokens, "
-                           "latency, verdict FROM reflector_calls WHERE candidate = ? ORDER BY id", (cid,))
-        return [CallRecord(k, c, tuple(json.loads(p)), g, a, pt, ct, lat, v) for k, c, p, g, a, pt, ct, lat, v in rows]
+        rows = self._query("SELECT id, kind, candidate, parents, generation, attempt, prompt_tokens, "
+                           "completion_tokens, latency, verdict FROM reflector_calls WHERE candidate = ? ORDER BY id",
+                           (cid,))
+        return [CallRecord(k, c, self._ids("reflector_calls", i, "parents", p), g, a, pt, ct, lat, v)
+                for i, k, c, p, g, a, pt, ct, lat, v in rows]
 
     def integrity(self) -> str:
         return str(self._query("PRAGMA integrity_check")[0][0])
@@ -698,6 +803,54 @@ class CheckStore:
         """Every answer of `genome` under `context` the checks see, by example key."""
         return {**self.archive.answers_for(genome, context, table="check_answers"),
                 **self.archive.answers_for(genome, context)}
+
+
+def _candidate_problem(row: Sequence[Any], decoded: dict[str, float] | None) -> str | None:
+    """What is wrong with a candidates row, in words; None when it only differs from what
+    the archive writes in ways that are still right (an integer for a float)."""
+    _, deltas, scratchpad, operator, strategy, generation, status, note, fitness, mean_tokens, correctness, \
+        created = row
+    texts = {"scratchpad": scratchpad, "operator": operator, "strategy": strategy, "status": status, "note": note}
+    scores = {"fitness": (fitness, 1.0), "mean_tokens": (mean_tokens, math.inf), "correctness": (correctness, 1.0)}
+    if decoded is None:
+        return f"deltas is {shown(deltas)}, not a JSON object of cluster ids and finite numbers"
+    if type(generation) is not int or generation < SEED_GENERATION:
+        return f"generation is {shown(generation)}, not an integer >= {SEED_GENERATION}"
+    if as_float(created) is None:
+        return f"created is {shown(created)}, not a finite number"
+    for name, text in texts.items():
+        if not isinstance(text, str):
+            return f"{name} is {shown(text)}, not text"
+    for name, (value, high) in scores.items():
+        number = as_float(value)
+        if value is not None and (number is None or not 0 <= number <= high):
+            return f"{name} is {shown(value)}, not a number {'in [0, 1]' if high == 1 else '>= 0'}"
+    return None
+
+
+def _score(value: Any, high: float) -> bool:
+    """A stored score is absent (not assessed yet) or a number in [0, high]."""
+    number = as_float(value)
+    return value is None or (number is not None and 0 <= number <= high)
+
+
+def _deltas(text: Any) -> dict[str, float] | None:
+    """A candidate's stored deltas, or None when they are not a JSON object of finite numbers
+    (NaN and Infinity, which Python's parser takes, included)."""
+    try:
+        decoded = json.loads(text, parse_constant=_not_a_number) if isinstance(text, str) else None
+    except ValueError:
+        return None
+    if not isinstance(decoded, dict):
+        return None
+    if set(map(type, decoded.values())) <= {float}:
+        return decoded  # what the archive writes: finite floats (the parser refused the rest)
+    values = {key: as_float(value) for key, value in decoded.items()}
+    return None if None in values.values() else values  # type: ignore[return-value]
+
+
+def _not_a_number(constant: str) -> float:
+    raise ValueError(f"{constant} is not a finite number")
 
 
 def _table(name: str) -> str:

@@ -1,7 +1,8 @@
 """`build-clusters`: the tokenizer's vocabulary -> one cluster id per token.
 
-EOS/EOT tokens -> "0", number tokens -> "1" (clusters/special.py); every other token:
-decoded text -> sentence-transformers embedding -> PCA -> k-means label c -> "c + 2".
+EOS/EOT tokens -> "0", number tokens -> "1", other special and added tokens -> UNSTEERED,
+in no cluster (clusters/special.py); every other token: decoded text ->
+sentence-transformers embedding -> PCA -> k-means label c -> "c + 2".
 
 Cached: the inputs (vocabulary, embedding model, PCA size, k, seed, rule version)
 are fingerprinted; a rerun with the same fingerprint and an intact artifact set only
@@ -14,14 +15,16 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import io
+import json
 import os
+import stat
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from compressor_2.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
+from compressor_2.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text, file_kind
 from compressor_2.clusters.clusterset import (
     FORMAT_VERSION,
     ArtifactPaths,
@@ -36,9 +39,11 @@ from compressor_2.clusters.clusterset import (
     read_record,
     record_problem,
 )
-from compressor_2.clusters.describe import describe_clusters
+from compressor_2.clusters.describe import describe_clusters, unsteered
 from compressor_2.clusters.embed import MAX_PIECES, embed_texts
+from compressor_2.clusters.layout import UNSTEERED
 from compressor_2.clusters.special import RULES_VERSION, number_token_ids, strip_markers
+from compressor_2.clusters.written import claim, written_here
 from compressor_2.clusters.vocab import Vocabulary, load_vocabulary, tokenizer_files_digest
 from compressor_2.config import Config
 from compressor_2.deltas import canonical_ids, fingerprint_path, load_deltas, write_fingerprint
@@ -48,6 +53,7 @@ __all__ = ["ClusterSet", "build_clusters"]
 
 KMEANS_RESTARTS = 4
 LOCK_FILE = ".lock"
+_PENDING = -2  # a token the k-means step has yet to place
 
 
 def build_clusters(config: Config, force: bool = False) -> ClusterSet:
@@ -93,7 +99,15 @@ _LOCKS: dict[Path, int] = {}  # cluster directory -> the open lock file, held un
 def _directory_lock(directory: Path) -> int:
     if directory not in _LOCKS:
         directory.mkdir(parents=True, exist_ok=True)
-        _LOCKS[directory] = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        # Not through a link, and never blocking on a FIFO made there.
+        try:
+            fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+        except OSError as exc:
+            raise ConfigError(f"'{directory / LOCK_FILE}' cannot be opened ({exc.strerror}): remove it") from None
+        if not stat.S_ISREG(mode := os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ConfigError(f"'{directory / LOCK_FILE}' is {file_kind(mode)}, not a regular file: remove it")
+        _LOCKS[directory] = fd
     return _LOCKS[directory]
 
 
@@ -106,8 +120,17 @@ def _up_to_date(paths: ArtifactPaths, record: dict[str, Any], started: float) ->
     elif not fingerprint_path(paths.initial_deltas).exists() and _is_ours(paths, record):
         write_fingerprint(paths.initial_deltas, digest)  # a file an earlier version wrote without one
     print(f"clusters up to date: {len(clusters.token_clusters):,} tokens in {len(clusters.cluster_ids)} "
-          f"clusters ({paths.cluster_dir}, {time.perf_counter() - started:.1f}s)")
+          f"clusters{_unsteered_note(record.get('unsteered'))} ({paths.cluster_dir}, "
+          f"{time.perf_counter() - started:.1f}s)")
     return clusters
+
+
+def _unsteered_note(entry: dict[str, Any] | None) -> str:
+    """How the build line names the unsteered tokens, from the record's entry."""
+    if not entry or not entry.get("size"):
+        return ""
+    shown = ", ".join(entry["tokens"][:6]) + (", ..." if entry["size"] > 6 else "")
+    return f", {entry['size']:,} special/added tokens unsteered ({shown})"
 
 
 def _embedding_text(vocab: Vocabulary, token_id: int) -> str:
@@ -157,11 +180,16 @@ def _rebuild(config: Config, paths: ArtifactPaths, vocab: Vocabulary, inputs: di
     from sklearn.cluster import KMeans
     from sklearn.decomposition import PCA
 
+    for target in (paths.descriptions, paths.initial_deltas):
+        if written_here(paths, target):  # known by the record alone, which goes now: into the ledger
+            claim(paths, target, target.read_bytes())
     paths.record.unlink(missing_ok=True)
-    token_clusters = np.full(len(vocab), -1, dtype=np.int64)
+    token_clusters = np.full(len(vocab), _PENDING, dtype=np.int64)
+    token_clusters[sorted(vocab.unsteered_ids)] = UNSTEERED
     token_clusters[sorted(vocab.eos_ids)] = 0
-    token_clusters[sorted(number_token_ids(vocab.texts, exclude=vocab.eos_ids))] = 1
-    kmeans_ids = np.flatnonzero(token_clusters < 0)
+    fixed = vocab.eos_ids | vocab.unsteered_ids
+    token_clusters[sorted(number_token_ids(vocab.texts, exclude=fixed))] = 1
+    kmeans_ids = np.flatnonzero(token_clusters == _PENDING)
     k = config.num_clusters
     if len(kmeans_ids) < k:
         raise ConfigError(
@@ -181,7 +209,7 @@ def _rebuild(config: Config, paths: ArtifactPaths, vocab: Vocabulary, inputs: di
     _save_joblib(paths.pca, pca)
     _save_joblib(paths.kmeans, kmeans)
     _save_npy(paths.token_clusters, token_clusters)
-    atomic_write_json(paths.descriptions, descriptions)
+    _write_claimed(paths, paths.descriptions, descriptions)
     cluster_ids = tuple(descriptions)
     record = {
         "fingerprint": fingerprint_of(inputs),
@@ -189,6 +217,7 @@ def _rebuild(config: Config, paths: ArtifactPaths, vocab: Vocabulary, inputs: di
         "tokenizer_files": files,
         "vocab_size": len(vocab),
         "cluster_ids": list(cluster_ids),
+        "unsteered": unsteered(vocab, token_clusters),
         "sha256": {paths.key(p): file_sha256(p) for p in (paths.token_clusters, paths.descriptions)},
         "initial_deltas": _sync_initial_deltas(paths, cluster_ids, map_digest(token_clusters, canonical_ids(cluster_ids)),
                                                previous),
@@ -196,14 +225,14 @@ def _rebuild(config: Config, paths: ArtifactPaths, vocab: Vocabulary, inputs: di
     # Last: only now is the set complete.
     atomic_write_json(paths.record, record)
 
-    counts = np.bincount(token_clusters, minlength=k + 2)
+    counts = np.bincount(token_clusters[token_clusters >= 0], minlength=k + 2)
     pca_note = f"PCA {components}" + (f" (clipped from {config.pca_components})"
                                       if components < config.pca_components else "")
     print(
         f"built {k + 2} clusters for {len(vocab):,} tokens in {time.perf_counter() - started:.1f}s: "
         f"0 (EOS/EOT) {counts[0]}, 1 (numbers) {counts[1]:,}, 2..{k + 1} k-means over "
-        f"{len(kmeans_ids):,} tokens ({pca_note}{', embeddings reused' if reused else ''}) "
-        f"-> {paths.cluster_dir}"
+        f"{len(kmeans_ids):,} tokens ({pca_note}{', embeddings reused' if reused else ''})"
+        f"{_unsteered_note(record['unsteered'])} -> {paths.cluster_dir}"
     )
     return read_cluster_set(paths, record["fingerprint"])
 
@@ -211,8 +240,17 @@ def _rebuild(config: Config, paths: ArtifactPaths, vocab: Vocabulary, inputs: di
 def _is_ours(paths: ArtifactPaths, record: dict[str, Any] | None) -> bool:
     """The initial deltas file is the untouched one a build wrote."""
     ours = (record or {}).get("initial_deltas") or {}
-    return (paths.initial_deltas.is_file() and ours.get("path") == str(paths.initial_deltas)
-            and ours.get("sha256") == file_sha256(paths.initial_deltas))
+    return written_here(paths, paths.initial_deltas) or (
+        paths.initial_deltas.is_file() and ours.get("path") == str(paths.initial_deltas)
+        and ours.get("sha256") == file_sha256(paths.initial_deltas))
+
+
+def _write_claimed(paths: ArtifactPaths, target: Path, content: dict[str, Any]) -> None:
+    """Writes `content` as JSON to `target` (the descriptions, the initial deltas), claimed in
+    the cluster directory's ledger first (clusters/written.py)."""
+    data = (json.dumps(content, indent=2) + "\n").encode("utf-8")
+    claim(paths, target, data)
+    atomic_write_bytes(target, data)
 
 
 def _sync_initial_deltas(paths: ArtifactPaths, cluster_ids: tuple[str, ...], digest: str,
@@ -224,7 +262,7 @@ def _sync_initial_deltas(paths: ArtifactPaths, cluster_ids: tuple[str, ...], dig
     path = paths.initial_deltas
     absent = not path.exists()
     if absent or _is_ours(paths, previous):
-        atomic_write_json(path, {cid: 0.0 for cid in cluster_ids})
+        _write_claimed(paths, path, {cid: 0.0 for cid in cluster_ids})
         write_fingerprint(path, digest)
         if absent:
             print(f"wrote all-zero initial deltas to {path}")

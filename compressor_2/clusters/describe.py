@@ -1,5 +1,6 @@
 """cluster_descriptions.json: per cluster id a description, its size and 20 representative
-tokens. The reflector reads it to know what each delta steers."""
+tokens. The reflector reads it to know what each delta steers. The unsteered tokens, in
+no cluster, are described apart (`unsteered`): the build records and prints them."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from compressor_2.clusters.layout import UNSTEERED
 from compressor_2.clusters.vocab import Vocabulary
 
 REPRESENTATIVES = 20
@@ -28,6 +30,12 @@ def _distinct(vocab: Vocabulary, ids: Iterable[int]) -> list[str]:
         if len(seen) == REPRESENTATIVES:
             break
     return list(seen)
+
+
+UNSTEERED_DESCRIPTION = (
+    "Special and added tokens other than EOS: in no cluster, and bias 0 whatever the deltas "
+    "(no delta can make the model emit one)."
+)
 
 
 def _entry(description: str, size: int, tokens: list[str]) -> dict:
@@ -62,3 +70,9 @@ def describe_clusters(
             len(members), tokens,
         )
     return descriptions
+
+
+def unsteered(vocab: Vocabulary, token_clusters: np.ndarray) -> dict:
+    """The description of the tokens in no cluster: how many, and the first of them."""
+    ids = np.flatnonzero(token_clusters == UNSTEERED)
+    return _entry(UNSTEERED_DESCRIPTION, len(ids), _distinct(vocab, ids))

@@ -1,4 +1,5 @@
-"""The two fixed clusters that never go through k-means (seed 001 §2.5).
+"""The two fixed clusters that never go through k-means (seed 001 §2.5), and the tokens
+that are in no cluster at all.
 
 Cluster "0" holds the model's end-of-sequence / end-of-turn tokens and nothing else:
 the tokenizer's eos token, every id of the generation config's `eos_token_id` (an
@@ -23,6 +24,13 @@ decoded text:
 So `7`, `Ġ2018`, `1,000`, `3.5%`, `$`, `Ġ$`, `%)`, `+`, `=`, `##5`, `(12)` are
 cluster 1; `.`, `,`, `(`, `**`, `---`, `FY2018`, `b1`, `x2`, `Ġ` and
 `<|endoftext|>` are not.
+
+Unsteered: every special or added token of the tokenizer other than the EOS ones
+(Qwen's `<|im_start|>`, `<|fim_*|>`, `<tool_call>`, Llama 3's reserved tokens, a pad
+token). They mark structure, not text: SGLang stops only on EOS and stop ids and
+`skip_special_tokens` hides them from the judged answer, so a delta that made the model
+emit one would do damage the fitness cannot see. They get no cluster (UNSTEERED in the
+map) and bias 0, whatever the deltas.
 """
 
 from __future__ import annotations
@@ -32,8 +40,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 # Bump when the rules below change: it is part of the cluster fingerprint, so a
-# rule change rebuilds the clusters.
-RULES_VERSION = "1"
+# rule change rebuilds the clusters. 2: special and added tokens are unsteered.
+RULES_VERSION = "2"
 
 END_MARKERS: tuple[str, ...] = (
     "<|endoftext|>",   # GPT-2, Qwen
@@ -92,6 +100,14 @@ def eos_token_ids(tokenizer: Any, generation_eos: int | Sequence[int] | None,
     ids.update(_as_ids(generation_eos))
     ids.update(vocab[marker] for marker in END_MARKERS if marker in vocab)
     return frozenset(ids)
+
+
+def unsteered_token_ids(tokenizer: Any, eos_ids: frozenset[int]) -> frozenset[int]:
+    """Every special or added token of `tokenizer` (the added ones whether marked special
+    or not, as Qwen's `<tool_call>` is not) except the EOS ids of cluster "0"."""
+    ids = set(getattr(tokenizer, "all_special_ids", None) or ())
+    ids.update(getattr(tokenizer, "added_tokens_decoder", None) or {})
+    return frozenset(ids) - eos_ids
 
 
 def number_token_ids(texts: Iterable[str], exclude: frozenset[int] = frozenset()) -> frozenset[int]:

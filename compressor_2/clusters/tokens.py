@@ -54,7 +54,8 @@ class AnswerTokens:
         return len(self.ids(text))
 
     def histogram(self, text: str) -> np.ndarray:
-        """Tokens of `text` per cluster index; ids outside the cluster map are not counted."""
+        """Tokens of `text` per cluster index; ids outside the cluster map, and unsteered
+        tokens (in no cluster), are not counted."""
         return self._per_cluster(self.ids(text))
 
     def padding(self, answer: str, gold: str) -> np.ndarray:
@@ -64,5 +65,5 @@ class AnswerTokens:
         return self._per_cluster(np.asarray(list(extra.elements()), dtype=np.int64))
 
     def _per_cluster(self, ids: np.ndarray) -> np.ndarray:
-        ids = ids[ids < len(self.token_clusters)]
-        return np.bincount(self.token_clusters[ids], minlength=self.num_clusters)
+        clusters = self.token_clusters[ids[ids < len(self.token_clusters)]]
+        return np.bincount(clusters[clusters >= 0], minlength=self.num_clusters)

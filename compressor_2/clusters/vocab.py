@@ -10,17 +10,19 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from compressor_2.clusters.special import eos_token_ids
+from compressor_2.clusters.special import eos_token_ids, unsteered_token_ids
 from compressor_2.errors import ConfigError
 
 
 @dataclass(frozen=True)
 class Vocabulary:
-    """`texts[t]` / `tokens[t]`: decoded text / raw token string (`Ġthe`, `##ing`) of id t."""
+    """`texts[t]` / `tokens[t]`: decoded text / raw token string (`Ġthe`, `##ing`) of id t;
+    `unsteered_ids`: the special and added tokens other than EOS, which are in no cluster."""
 
     texts: tuple[str, ...]
     tokens: tuple[str, ...]
     eos_ids: frozenset[int]
+    unsteered_ids: frozenset[int] = frozenset()
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -39,7 +41,8 @@ class Vocabulary:
     @cached_property
     def sha256(self) -> str:
         """Everything the clusters depend on from the tokenizer."""
-        return hashlib.sha256(f"{self.texts_sha256}|{sorted(self.eos_ids)}".encode()).hexdigest()
+        return hashlib.sha256(
+            f"{self.texts_sha256}|{sorted(self.eos_ids)}|{sorted(self.unsteered_ids)}".encode()).hexdigest()
 
 
 # Model weights do not change the vocabulary, and hashing them would cost seconds.
@@ -103,6 +106,6 @@ def load_vocabulary(model_path: str) -> Vocabulary:
         texts = tokenizer.batch_decode(singletons, skip_special_tokens=False,
                                        clean_up_tokenization_spaces=False)
         tokens = [t or "" for t in tokenizer.convert_ids_to_tokens(list(range(size)))]
-    eos = eos_token_ids(tokenizer, _generation_eos(model_path), vocab)
-    return Vocabulary(texts=tuple(texts), tokens=tuple(tokens),
-                      eos_ids=frozenset(i for i in eos if 0 <= i < size))
+    eos = frozenset(i for i in eos_token_ids(tokenizer, _generation_eos(model_path), vocab) if 0 <= i < size)
+    unsteered = frozenset(i for i in unsteered_token_ids(tokenizer, eos) if 0 <= i < size)
+    return Vocabulary(texts=tuple(texts), tokens=tuple(tokens), eos_ids=eos, unsteered_ids=unsteered)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from compressor_2.config.kconfig import MAX_LOGITS, Reader, require, shown_number
+from compressor_2.config.kconfig import MAX_LOGITS, Reader, decimal, require, shown_number
 
 ISSUE_TYPES = ("cut_short", "wrong", "padded", "refusal")
 ARCHIVE_GENERATORS = ("cluster", "vector", "crossover")
@@ -43,13 +43,10 @@ class ArchiveOptions:
 
 
 def archive_options(r: Reader) -> ArchiveOptions:
-    midpoint = r.string("ARCHIVE_MIDPOINT").strip()
+    midpoint = r.string("ARCHIVE_MIDPOINT")
     fixed, percentile = None, None
     if midpoint.startswith("p"):
-        try:
-            percentile = float(midpoint[1:])
-        except ValueError:
-            percentile = math.nan
+        percentile = decimal(midpoint[1:])
         require(0 <= percentile <= 100, f"CONFIG_ARCHIVE_MIDPOINT={midpoint!r}: a percentile is p0 .. p100")
     else:
         # The sigmoid's exponent is sharpness x (fitness - midpoint), and a fitness lies in [0, 1];
@@ -60,10 +57,7 @@ def archive_options(r: Reader) -> ArchiveOptions:
     weights = []
     for part in filter(None, (p.strip() for p in r.string("ARCHIVE_ISSUE_WEIGHTS").split(","))):
         name, _, value = part.partition("=")
-        try:
-            weight = float(value)
-        except ValueError:
-            weight = math.nan
+        weight = decimal(value.strip())
         require(name.strip() in ISSUE_TYPES and 0 <= weight <= MAX_ISSUE_WEIGHT,
                  f"CONFIG_ARCHIVE_ISSUE_WEIGHTS has {part!r}: write type=weight with a type among "
                  f"{', '.join(ISSUE_TYPES)} and a weight in [0, {shown_number(MAX_ISSUE_WEIGHT)}]")

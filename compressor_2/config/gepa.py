@@ -33,7 +33,7 @@ def gepa_options(r: Reader, max_metric_calls: int) -> GepaOptions:
     require(max_metric_calls > 0, "CONFIG_STRATEGY_GEPA needs CONFIG_MAX_METRIC_CALLS > 0: the metric-call "
              "budget is GEPA's natural stopping criterion")
     indices = r.string("GEPA_VALSET_INDICES").strip()
-    require(indices == "" or re.fullmatch(r"\d+(-\d+)?(\s*,\s*\d+(-\d+)?)*", indices) is not None,
+    require(indices == "" or re.fullmatch(r"[0-9]+(-[0-9]+)?(\s*,\s*[0-9]+(-[0-9]+)?)*", indices) is not None,
              f"CONFIG_GEPA_VALSET_INDICES={indices!r} must be empty or pool positions such as '0-9,20'")
     selector = r.string("GEPA_CANDIDATE_SELECTOR").strip()
     require(selector in CANDIDATE_SELECTORS, f"CONFIG_GEPA_CANDIDATE_SELECTOR={selector!r} is unknown; use one "
@@ -41,7 +41,7 @@ def gepa_options(r: Reader, max_metric_calls: int) -> GepaOptions:
     component = r.string("GEPA_COMPONENT_SELECTOR").strip()
     require(component in COMPONENT_SELECTORS, f"CONFIG_GEPA_COMPONENT_SELECTOR={component!r} is unknown; use "
              f"one of {', '.join(COMPONENT_SELECTORS)}")
-    for low, high in re.findall(r"(\d+)-(\d+)", indices):
+    for low, high in re.findall(r"([0-9]+)-([0-9]+)", indices):
         require(int(low) <= int(high), f"CONFIG_GEPA_VALSET_INDICES={indices!r} has the range {low}-{high}, which "
                  f"runs backwards: write {high}-{low}")
     epsilon = r.number("GEPA_EPSILON", 0, 1)

@@ -23,6 +23,18 @@ KCONFIG_PATH = Path(__file__).resolve().parent.parent.parent / "Kconfig"
 # language model's logits lie within a few tens, and this keeps every sum and square of
 # deltas finite, in float32 too.
 MAX_LOGITS = 1000.0
+# Kconfig's own forms of a value. kconfiglib reads a bool by its first letter (`young` is y)
+# and an int with Python's int(), which takes fullwidth and Arabic-Indic digits, `1_0` and
+# spaces around the digits: each assignment's raw text must be in one of these.
+_FORMS = {
+    kconfiglib.BOOL: (re.compile(r"[yn]"), "y or n"),
+    kconfiglib.TRISTATE: (re.compile(r"[ymn]"), "y, m or n"),
+    kconfiglib.INT: (re.compile(r"-?[0-9]+"), "an integer in ASCII digits, e.g. 10"),
+    kconfiglib.HEX: (re.compile(r"0[xX][0-9a-fA-F]+"), "a hex number such as 0x1f"),
+}
+_ASSIGNMENT = re.compile(r"CONFIG_([^=]+)=(.*)")  # kconfiglib's own, on a line without its trailing space
+# A float option's text: ASCII digits, an optional fraction and exponent, nothing around.
+_DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 
 def read_config(path: Path) -> Reader:
@@ -36,6 +48,7 @@ def read_config(path: Path) -> Reader:
     kconf.load_config(str(path))
     for sym in kconf.unique_defined_syms:
         sym.str_value  # range warnings are only emitted when a value is computed
+    _check_forms(path, kconf)
     _check_kconfig_warnings(kconf)
     _check_unmet_assignments(kconf)
     return Reader(kconf)
@@ -80,6 +93,25 @@ def _check_readable(path: Path) -> None:
                           "save the file as UTF-8") from None
 
 
+def _check_forms(path: Path, kconf: kconfiglib.Kconfig) -> None:
+    """Every bool, tristate, int and hex assignment in `path` written in Kconfig's form (the
+    file is UTF-8: `_check_readable` said so)."""
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        match = _ASSIGNMENT.match(line.rstrip())
+        sym = kconf.syms.get(match[1]) if match else None
+        if match is None or sym is None or sym.orig_type not in _FORMS:
+            continue
+        form, what = _FORMS[sym.orig_type]
+        if not form.fullmatch(match[2]):
+            raise ConfigError(f"{path}:{number}: CONFIG_{sym.name}={match[2]!r} is not {what}")
+
+
+def decimal(text: str) -> float:
+    """`text` as a float when it is a number in ASCII digits with nothing around it (float()
+    also takes `1_0`, spaces and other scripts' digits), else NaN."""
+    return float(text) if _DECIMAL.fullmatch(text) else math.nan
+
+
 class Reader:
     """Typed access to symbol values, each failure naming `CONFIG_<NAME>`."""
 
@@ -117,11 +149,10 @@ class Reader:
         """A float option (kept in a string symbol): finite, not subnormal, and within
         [low, high] ((low, high] when `above`), bounds that keep the arithmetic it feeds
         finite; Kconfig's help text documents them. No float option is read without."""
-        value = self.raw(name).strip()
-        try:
-            parsed = float(value)
-        except ValueError:
-            raise ConfigError(f"CONFIG_{name}={value!r} is not a number") from None
+        value = self.raw(name)
+        parsed = decimal(value)
+        if math.isnan(parsed):  # nan and inf among them
+            raise ConfigError(f"CONFIG_{name}={value!r} is not a number in ASCII digits, e.g. 0.5 or 1e-3")
         if not math.isfinite(parsed):
             raise ConfigError(f"CONFIG_{name}={value!r} is not a finite number")
         if not (low < parsed if above else low <= parsed) or parsed > high:

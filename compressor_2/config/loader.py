@@ -30,7 +30,10 @@ JudgeName = Literal["numeric", "llm", "hybrid"]
 ReflectorName = Literal["local", "openai"]
 MAX_WALL_MINUTES = 1e9
 MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 100.0
-INDICES = r"all|\d+(-\d+)?(\s*,\s*\d+(-\d+)?)*"  # a pool's or held-out set's lines: 'all' or '0,3,5-9'
+MAX_INSTRUCTION = 2000  # characters of CONFIG_COMPARE_INSTRUCTION
+# What the transformers engine can run on: `meta` holds no weights, and a typo such as `gpu` is no device.
+DEVICES = r"auto|cpu|mps|(cuda|xpu)(:[0-9]+)?"
+INDICES = r"all|[0-9]+(-[0-9]+)?(\s*,\s*[0-9]+(-[0-9]+)?)*"  # a pool's or held-out set's lines: 'all' or '0,3,5-9'
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,9 @@ class Config:
     evidence_max_chars: int
     holdout_data: Path | None  # the held-out file; None: FINANCEBENCH_JSONL_PATH (with holdout_indices)
     holdout_indices: str  # "" with holdout_data None: no held-out check
+    # The simpler tools measured after the search
+    compare_simple: bool
+    compare_instruction: str  # "": none
     # Engine
     engine: EngineName
     model_path: str
@@ -64,6 +70,7 @@ class Config:
     sglang_port: int
     sglang_allow_remote: bool
     sglang_allow_other_model: bool
+    sglang_deterministic: bool
     sglang_startup_timeout: float
     sglang_poll_interval: float
     sglang_request_timeout: float
@@ -79,6 +86,8 @@ class Config:
     judge_model: str
     judge_base_url: str
     judge_api_key_env: str
+    judge_timeout: float
+    judge_max_consecutive_failures: int
     # Reflector
     reflector: ReflectorName
     reflector_model: str
@@ -174,6 +183,9 @@ def _build(r: Reader) -> Config:
         holdout_indices == "" or re.fullmatch(INDICES, holdout_indices) is not None,
         f"CONFIG_HOLDOUT_INDICES={holdout_indices!r} must be empty, 'all' or indices/ranges like '64-99'",
     )
+    instruction = r.string("COMPARE_INSTRUCTION").strip()
+    require(len(instruction) <= MAX_INSTRUCTION and not re.search(r"[\x00-\x1f\x7f]", instruction),
+            f"CONFIG_COMPARE_INSTRUCTION must be at most {MAX_INSTRUCTION} characters, with no control character")
     template = r.string("PROMPT_TEMPLATE_PATH").strip()
     urls = tuple(u.strip().rstrip("/") for u in r.string("SGLANG_URLS").split(",") if u.strip())
     for url in urls:
@@ -187,6 +199,11 @@ def _build(r: Reader) -> Config:
                  "FINANCEBENCH_JSONL_PATH", "EMBEDDING_MODEL"):
         require(r.string(name).strip() != "", f"CONFIG_{name} is empty")
 
+    device = r.string("TRANSFORMERS_DEVICE")
+    require(re.fullmatch(DEVICES, device) is not None,
+            f"CONFIG_TRANSFORMERS_DEVICE={device!r} is not a device the transformers engine runs on: write auto, cpu, "
+            "cuda, cuda:N or mps")
+
     strategy = r.choice_suffix("STRATEGY_")
     return Config(
         output_dir=Path(r.string("OUTPUT_DIR")),
@@ -199,12 +216,14 @@ def _build(r: Reader) -> Config:
         evidence_max_chars=r.integer("EVIDENCE_MAX_CHARS"),
         holdout_data=Path(holdout_data) if holdout_data else None,
         holdout_indices=holdout_indices,
+        compare_simple=r.flag("COMPARE_SIMPLE"),
+        compare_instruction=instruction,
         engine=r.choice({"ENGINE_TRANSFORMERS": "transformers", "ENGINE_SGLANG": "sglang"}),  # type: ignore[arg-type]
         model_path=r.string("MODEL_PATH"),
         max_new_tokens=r.integer("MAX_NEW_TOKENS"),
         temperature=temperature,
         transformers_batch_size=r.integer("TRANSFORMERS_BATCH_SIZE"),
-        transformers_device=r.string("TRANSFORMERS_DEVICE"),
+        transformers_device=device,
         transformers_threads=r.integer("TRANSFORMERS_THREADS"),
         eval_concurrency=r.integer("EVAL_CONCURRENCY"),
         sglang_command=r.string("SGLANG_COMMAND"),
@@ -213,6 +232,7 @@ def _build(r: Reader) -> Config:
         sglang_port=r.integer("SGLANG_PORT"),
         sglang_allow_remote=r.flag("SGLANG_ALLOW_REMOTE"),
         sglang_allow_other_model=r.flag("SGLANG_ALLOW_OTHER_MODEL"),
+        sglang_deterministic=r.flag("SGLANG_DETERMINISTIC"),
         sglang_startup_timeout=float(r.integer("SGLANG_STARTUP_TIMEOUT")),
         sglang_poll_interval=r.number("SGLANG_POLL_INTERVAL", 0.01, 3600),
         sglang_request_timeout=float(r.integer("SGLANG_REQUEST_TIMEOUT")),
@@ -226,6 +246,8 @@ def _build(r: Reader) -> Config:
         judge_model=r.string("JUDGE_MODEL"),
         judge_base_url=r.string("JUDGE_BASE_URL"),
         judge_api_key_env=r.string("JUDGE_API_KEY_ENV"),
+        judge_timeout=float(r.integer("JUDGE_TIMEOUT")),
+        judge_max_consecutive_failures=r.integer("JUDGE_MAX_CONSECUTIVE_FAILURES"),
         reflector=r.choice({"REFLECTOR_LOCAL": "local", "REFLECTOR_OPENAI": "openai"}),  # type: ignore[arg-type]
         reflector_model=r.string("REFLECTOR_MODEL"),
         reflector_base_url=r.string("REFLECTOR_BASE_URL"),

@@ -4,16 +4,19 @@ every SGLang server address obeys, checked when the config loads.
 The server runs `dill.loads` on a request field while `--enable-custom-logit-processor`
 is on, so a launched server's --host, and every CONFIG_SGLANG_URLS host, must be loopback
 unless CONFIG_SGLANG_ALLOW_REMOTE=y. The command is also refused when it would silently
-stop the steering (speculative decoding) or serve another model than CONFIG_MODEL_PATH,
-and it gets --enable-deterministic-inference, which the answer cache relies on. The
-functions take any object with the settings' names (`Config` has them), so this module
-stands below the one that defines `Config`.
+stop the steering (speculative decoding) or serve another model than CONFIG_MODEL_PATH.
+With CONFIG_SGLANG_DETERMINISTIC it gets --enable-deterministic-inference, and the
+attention backend SGLang's deterministic mode can run on the GPUs it is given; without,
+a command that names the flag is refused. The functions take any object with the
+settings' names (`Config` has them), so this module stands below the one that defines
+`Config`.
 """
 
 from __future__ import annotations
 
 import shlex
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
@@ -23,6 +26,16 @@ from compressor_2.errors import ConfigError
 
 CUSTOM_PROCESSOR_FLAG = "--enable-custom-logit-processor"
 DETERMINISTIC_FLAG = "--enable-deterministic-inference"
+ATTENTION_FLAG = "--attention-backend"
+# SGLang 0.5.23's DETERMINISTIC_ATTENTION_BACKEND_CHOICES: it refuses to start deterministic
+# inference on any other backend.
+DETERMINISTIC_BACKENDS = ("ascend", "fa3", "fa4", "flashinfer", "intel_xpu", "triton")
+# Without --attention-backend, deterministic inference falls back to flashinfer on SM100 and
+# SM120 GPUs and to fa3 on every other one, and fa3 asserts outside SM80-SM90 (SM7x: V100,
+# T4). Triton runs there, and keeps the radix cache.
+FA3_MAJORS = (8, 9)
+FLASHINFER_FALLBACK_MAJORS = (10, 12)
+PORTABLE_BACKEND = "triton"
 # Every --speculative-* flag (--speculative-algorithm, --speculative-draft-model-path, ...):
 # SGLang's EAGLE/NGRAM verification samples draft tokens without the custom logit
 # processor, so every token after an answer's first would go unsteered.
@@ -52,6 +65,9 @@ class SGLangSettings(Protocol):
 
     @property
     def sglang_allow_other_model(self) -> bool: ...
+
+    @property
+    def sglang_deterministic(self) -> bool: ...
 
 
 def check_addresses(config: SGLangSettings) -> None:
@@ -109,10 +125,11 @@ def bind_host(config: SGLangSettings) -> str:
     return "0.0.0.0" if config.sglang_allow_remote else _LOOPBACK
 
 
-def launch_command(config: SGLangSettings) -> list[str]:
+def launch_command(config: SGLangSettings, capabilities: Sequence[tuple[int, int]] = ()) -> list[str]:
     """CONFIG_SGLANG_COMMAND plus the flags this project relies on, each added only when
     missing; a command that contradicts the config, or would stop the steering, is refused
-    rather than half-obeyed. A leading `python` or `python3` becomes this interpreter."""
+    rather than half-obeyed. A leading `python` or `python3` becomes this interpreter.
+    `capabilities`: the compute capability of each GPU the server gets (none: unknown)."""
     try:
         command = shlex.split(config.sglang_command)
     except ValueError as exc:
@@ -152,8 +169,28 @@ def launch_command(config: SGLangSettings) -> list[str]:
         check_model(model, config, "CONFIG_SGLANG_COMMAND has --model-path")
     if CUSTOM_PROCESSOR_FLAG not in command:
         command.append(CUSTOM_PROCESSOR_FLAG)
-    # Without it greedy answers depend on what a request is batched with: one genome could
-    # score differently in two batches, and the answer cache keeps whichever came first.
-    if DETERMINISTIC_FLAG not in command:
-        command.append(DETERMINISTIC_FLAG)
-    return command
+    return command + deterministic_flags(command, config.sglang_deterministic, capabilities)
+
+
+def deterministic_flags(command: list[str], deterministic: bool, capabilities: Sequence[tuple[int, int]]) -> list[str]:
+    """What `command` lacks for CONFIG_SGLANG_DETERMINISTIC on GPUs of `capabilities`:
+    the flag, and triton where SGLang's own fallback backend would assert."""
+    if not deterministic:
+        if DETERMINISTIC_FLAG in command:
+            raise ConfigError(f"CONFIG_SGLANG_COMMAND has {DETERMINISTIC_FLAG} but CONFIG_SGLANG_DETERMINISTIC=n: "
+                              "remove the flag, or set CONFIG_SGLANG_DETERMINISTIC=y")
+        return []
+    backend = option(command, ATTENTION_FLAG)
+    if backend is not None and backend not in DETERMINISTIC_BACKENDS:
+        raise ConfigError(f"CONFIG_SGLANG_COMMAND has {ATTENTION_FLAG} {backend}, on which SGLang cannot run "
+                          f"deterministic inference (it takes {', '.join(DETERMINISTIC_BACKENDS)}): choose one of "
+                          "those, or set CONFIG_SGLANG_DETERMINISTIC=n")
+    # GPUs on which SGLang's fallback, fa3, asserts (V100, T4).
+    no_fa3 = sorted({major for major, _ in capabilities if major not in (*FA3_MAJORS, *FLASHINFER_FALLBACK_MAJORS)})
+    if no_fa3 and backend == "fa3":
+        raise ConfigError(f"CONFIG_SGLANG_COMMAND has {ATTENTION_FLAG} fa3, whose kernels need an SM80-SM90 GPU, "
+                          f"but this server gets SM{no_fa3[0]}x GPUs: use {ATTENTION_FLAG} {PORTABLE_BACKEND}")
+    added = [] if DETERMINISTIC_FLAG in command else [DETERMINISTIC_FLAG]
+    if no_fa3 and backend is None:
+        added += [ATTENTION_FLAG, PORTABLE_BACKEND]  # SGLang's fallback there, fa3, would assert
+    return added

@@ -9,10 +9,12 @@ attach mode it sends to already running servers or routers, spreading requests o
 the URLs it was given.
 
 Before any work, every server is checked (`sglang_facts`: no speculative decoding, the
-right model, deterministic or warned about; behind a router, every worker it lists),
-every prompt of the run is tokenized and checked against the served context, and a
-steering probe, sent to every server, every worker and every router, must find every
-token of an answer steered.
+right model, deterministic as CONFIG_SGLANG_DETERMINISTIC says; behind a router, every
+worker it lists), every prompt of the run is tokenized and checked against the served
+context, and a steering probe, sent to every server, every worker and every router, must
+find every token of an answer steered. A server or worker gets the run's by-reference
+processor string only after a probe with a string no server can die of
+(`steering.guarded`) found that it imports compressor_2.
 """
 
 from __future__ import annotations
@@ -38,11 +40,13 @@ from compressor_2.engines.sglang_facts import (
     Unreachable,
     answer_room,
     check_facts,
+    radix_warning,
     read_server,
 )
 from compressor_2.engines.sglang_server import SGLangServer
 from compressor_2.errors import ConfigError, RunError
-from compressor_2.steering.processor import custom_params, processor_spec
+from compressor_2.steering.guarded import guarded_spec
+from compressor_2.steering.processor import custom_params, encode_cluster_map, processor_spec
 
 if TYPE_CHECKING:
     from compressor_2.clusters.build import ClusterSet
@@ -52,6 +56,9 @@ logger = logging.getLogger(__name__)
 
 CONNECTION_RETRIES = 3
 RETRY_BACKOFF = 0.5  # seconds before the first retry, doubled for each next one
+# A request past CONFIG_SGLANG_REQUEST_TIMEOUT is sent again this many times (on the next
+# URL when attached to several) before the run stops: one slow answer is not a dead server.
+TIMEOUT_RETRIES = 2
 PROBE_PROMPT = "Hello"
 PROBE_DELTA = 1000.0  # far beyond any logit gap: every token's cluster is forced
 # Enough tokens that a server steering only an answer's first one (speculative decoding)
@@ -158,6 +165,7 @@ class SGLangEngine:
         self.max_restarts = max_restarts
         self.restarts = 0
         self.context: int | None = None  # the smallest served context, once check_servers read it
+        self.facts: list[ServerFacts] = []  # every server and worker, once check_servers read them
         # One string for the whole run: SGLang batches rows by the exact string.
         self.processor = processor_spec()
         self._next_url = itertools.cycle(self.urls).__next__
@@ -203,6 +211,9 @@ class SGLangEngine:
         prompt against the served context, and the steering probe."""
         self.check_servers(config)
         self.check_prompts(prompts)
+        lengths = [len(self._prompt(prompt).ids) for prompt in prompts.values()]
+        for warning in filter(None, (radix_warning(fact, lengths) for fact in self.facts)):
+            logger.warning("%s", warning)
         self.check_steering()
 
     @property
@@ -235,6 +246,7 @@ class SGLangEngine:
             self._api = APIS["completions" if self.routers else "generate"]
         for fact in facts:
             check_facts(fact, config, self.api.name)
+        self.facts = facts
         contexts = [fact.context for fact in facts]
         if None in contexts:
             unknown = ", ".join(f.url for f in facts if f.context is None)
@@ -273,22 +285,26 @@ class SGLangEngine:
 
     def _probe_cluster(self) -> int:
         """The smallest cluster that has tokens: the least likely to be chosen unsteered."""
-        counts = np.bincount(self.clusters.token_clusters, minlength=len(self.clusters.cluster_ids))
+        mapped = self.clusters.token_clusters[self.clusters.token_clusters >= 0]  # unsteered tokens: none
+        counts = np.bincount(mapped, minlength=len(self.clusters.cluster_ids))
         sizes = np.where(counts > 0, counts, np.iinfo(counts.dtype).max)
         return int(np.argmin(sizes[: len(self.clusters.cluster_ids)]))
 
     def check_steering(self) -> None:
         """Fail before any work when a server, worker or router ignores the deltas, or
-        steers only some tokens.
+        steers only some tokens, and never kill a server that cannot load the processor.
 
-        A server that cannot import the processor or read the cluster map leaves the
-        logits unchanged (the processor must never raise), which would make a whole
+        A server that cannot import compressor_2 dies of the run's by-reference string
+        (SGLang unpickles it in its scheduler); one that cannot read the cluster map leaves
+        the logits unchanged (the processor never raises), which would make a whole
         evolution measure nothing; one running speculative decoding steers only an
-        answer's first token; a router may drop the deltas on their way. Every server and
-        every worker behind a router is probed directly, then every router: two greedy
-        probes of PROBE_TOKENS tokens (ignore_eos) push the smallest cluster to +1000 and
-        then -1000; every token of the first must come from that cluster, and no token
-        of the second.
+        answer's first token; a router may drop the deltas on their way. Each probe is two
+        greedy requests of PROBE_TOKENS tokens (ignore_eos) that push the smallest cluster
+        to +1000 and then -1000: every token of the first must come from that cluster, and
+        no token of the second. Every server and every worker behind a router is probed
+        directly, first with `guarded_spec()` and the map inside the request (it steers
+        only where compressor_2 imports, and kills no server), then with the run's own
+        string and map path; then every router.
         """
         # First: building a body for a prompt without a text form on /v1/completions raises a
         # bare ValueError (CompletionsApi.body), where this names the probe and the fix.
@@ -296,30 +312,49 @@ class SGLangEngine:
         self._check_sendable("the steering probe", prompt)
         cluster = self._probe_cluster()
         members = set(np.flatnonzero(self.clusters.token_clusters == cluster).tolist())
-        probes = self.probe_bodies(cluster)
         name = self.clusters.cluster_ids[cluster]
+        guarded = self.probe_bodies(cluster, guarded_spec(), {"cluster_map": encode_cluster_map(
+            self.clusters.token_clusters)})
         direct = [url for url in self.urls if url not in self.routers]
         workers = [worker for listed in self.routers.values() for worker in listed]
         with httpx.Client(timeout=self.request_timeout) as client:
-            for url in [*direct, *workers, *self.routers]:
-                try:
-                    up, down = (self._probe_ids(url, client.post(url + self.api.path, json=body), prompt)
-                                for body in probes)
-                except httpx.TransportError as exc:
-                    # A processor string the server cannot load kills it (SGLang validates nothing).
-                    server = self.server
-                    died = f"; {server.failure_summary()}" if server and not server.alive() else ""
-                    raise RunError(f"{url}{self.api.path} failed: {type(exc).__name__}: {exc}{died}") from None
-                outside = sum(token not in members for token in up)
-                if not outside and not any(token in members for token in down):
-                    continue
-                if up[0] in members and down[0] not in members:
-                    raise RunError(
-                        f"{url} steers only the first token of an answer ({outside} of {len(up)} probe tokens "
-                        f"escaped cluster {name} at +{PROBE_DELTA:g}): speculative decoding? its "
-                        "verification never calls the custom logit processor; restart the server without "
-                        "--speculative-* flags")
-                raise RunError(self._ignored(url, name))
+            for url in [*direct, *workers]:
+                self._probe(client, url, prompt, members, guarded, self._cannot_import(url))
+                self._probe(client, url, prompt, members, self.probe_bodies(cluster), self._ignored(url, name))
+            for url in self.routers:
+                self._probe(client, url, prompt, members, self.probe_bodies(cluster), self._ignored(url, name))
+
+    def _probe(self, client: httpx.Client, url: str, prompt: ChatPrompt, members: set[int],
+               bodies: list[dict[str, Any]], refusal: str) -> None:
+        """One probe pair to `url`; RunError(`refusal`) when the deltas do not decide its tokens."""
+        try:
+            up, down = (self._probe_ids(url, client.post(url + self.api.path, json=body), prompt) for body in bodies)
+        except httpx.TransportError as exc:
+            server = self.server
+            died = f"; {server.failure_summary()}" if server and not server.alive() else ""
+            raise RunError(f"{url}{self.api.path} failed: {type(exc).__name__}: {exc}{died}") from None
+        outside = sum(token not in members for token in up)
+        if not outside and not any(token in members for token in down):
+            return
+        if up[0] in members and down[0] not in members:
+            raise RunError(
+                f"{url} steers only the first token of an answer ({outside} of {len(up)} probe tokens escaped "
+                f"the probe's cluster at +{PROBE_DELTA:g}): speculative decoding? its verification never calls "
+                "the custom logit processor; restart the server without --speculative-* flags")
+        raise RunError(refusal)
+
+    def _cannot_import(self, url: str) -> str:
+        """The refusal of a server that failed the guarded probe: what it needs."""
+        what = (f"{url} cannot load compressor_2's steering processor: the probe's string, which loads on any SGLang "
+                "server, steered nothing there, so the server's Python cannot import compressor_2 (the run's own "
+                "string, by reference, would have killed the server)")
+        if self.server is not None:
+            return (f"{what}; CONFIG_SGLANG_COMMAND runs {self.server.command[0]}: start it with python (the "
+                    "interpreter that runs compressor_2), or install compressor_2 into that interpreter")
+        proxy = ("; or a router or proxy in front of it drops custom_params (attach to the server itself)"
+                 if self.api.name == "generate" else "")
+        return (f"{what}. Install this compressor_2 into the Python environment the server runs in (with that "
+                f"environment's pip: pip install --no-deps <this checkout>) and restart the server{proxy}")
 
     def _ignored(self, url: str, cluster: str) -> str:
         """The probe's refusal of `url`, naming what can drop the deltas and what fixes it."""
@@ -334,20 +369,23 @@ class SGLangEngine:
                         "/v1/completions")
             return (f"{what}, while the workers it routes to steer: this router drops custom_params from "
                     "/v1/completions; list its workers in CONFIG_SGLANG_URLS instead")
-        proxy = ("a router or proxy in front of the server drops sampling_params.custom_params (SGLang's "
-                 "router does on /generate: set CONFIG_SGLANG_API=completions, or auto)" if generate else
-                 "a proxy in front of the server drops custom_params (attach to the servers themselves)")
-        return (f"{what}. Possible causes: the server cannot import compressor_2 or read "
-                f"{self.clusters.token_clusters_path} (see its log); or {proxy}")
+        return (f"{what}, although it steers with the map sent inside the request: it cannot read "
+                f"{self.clusters.token_clusters_path}, or that file now holds other clusters (see its log); a "
+                "server on another machine needs CONFIG_CLUSTER_DIR copied to the same absolute path there")
 
-    def probe_bodies(self, cluster: int) -> list[dict[str, Any]]:
-        """The two probe requests: `cluster` at +PROBE_DELTA, then at -PROBE_DELTA."""
+    def probe_bodies(self, cluster: int, processor: str | None = None,
+                     params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """The two probe requests: `cluster` at +PROBE_DELTA, then at -PROBE_DELTA, with
+        `processor` (the run's string by default) and these custom_params instead of the
+        run's map path."""
         probes = []
         for sign in (1.0, -1.0):
             deltas = [0.0] * len(self.clusters.cluster_ids)
             deltas[cluster] = sign * PROBE_DELTA
-            probes.append(self.request_body(GenerationRequest(PROBE_PROMPT, tuple(deltas)),
-                                            temperature=0.0, max_new_tokens=PROBE_TOKENS, ignore_eos=True))
+            request = GenerationRequest(PROBE_PROMPT, tuple(deltas))
+            stated = None if params is None else {"deltas": list(deltas), **params}
+            probes.append(self.request_body(request, processor, stated, temperature=0.0,
+                                            max_new_tokens=PROBE_TOKENS, ignore_eos=True))
         return probes
 
     def _probe_ids(self, url: str, response: httpx.Response, prompt: ChatPrompt) -> list[int]:
@@ -392,18 +430,20 @@ class SGLangEngine:
             tokenized = self._prompts[prompt] = self.tokenize(prompt)
         return tokenized
 
-    def request_body(self, request: GenerationRequest, **sampling: Any) -> dict[str, Any]:
+    def request_body(self, request: GenerationRequest, processor: str | None = None,
+                     params: dict[str, Any] | None = None, **sampling: Any) -> dict[str, Any]:
         """The body of one request on the run's path: the prompt, the run's processor string,
         and every sampling field that changes an answer (a server's preferred params cannot
-        fill one); `sampling` overrides the run's (the probe's greedy 8 tokens)."""
+        fill one); the probe gives its own `processor` and custom_params (`params`), and
+        `sampling` overrides the run's (the probe's greedy 8 tokens)."""
         stated = {
             **STATED_SAMPLING,
             "temperature": self.temperature,
             "max_new_tokens": self.max_new_tokens,
-            "custom_params": custom_params(request.deltas, self.clusters),
+            "custom_params": params if params is not None else custom_params(request.deltas, self.clusters),
             **sampling,
         }
-        return self.api.body(self._prompt(request.prompt), self.processor, stated)
+        return self.api.body(self._prompt(request.prompt), processor or self.processor, stated)
 
     async def _send_all(self, bodies: list[dict[str, Any]], labels: list[str], prompts: list[ChatPrompt],
                         indices: list[int], results: list[Generation | None],
@@ -438,14 +478,23 @@ class SGLangEngine:
     async def _post(self, client: httpx.AsyncClient, body: dict[str, Any], label: str,
                     prompt: ChatPrompt) -> Generation:
         path = self.api.path
-        for attempt in range(CONNECTION_RETRIES + 1):
+        failures = timeouts = 0
+        while True:
             url = self._next_url()  # a retry goes to the next server when attached to several
             try:
                 response = await client.post(url + path, json=body)
             except httpx.TimeoutException:
                 self._check_server()
-                raise RunError(f"{url}{path} gave no answer within {self.request_timeout:g} s "
-                               "(CONFIG_SGLANG_REQUEST_TIMEOUT)") from None
+                timeouts += 1
+                if timeouts > TIMEOUT_RETRIES:
+                    raise RunError(f"{url}{path} gave no answer to {label} within {self.request_timeout:g} s "
+                                   f"(CONFIG_SGLANG_REQUEST_TIMEOUT), {timeouts} times in a row: raise "
+                                   "CONFIG_SGLANG_REQUEST_TIMEOUT for a big model or long prompts, or see the "
+                                   "server's log") from None
+                logger.warning("warning: %s%s gave no answer to %s within %g s (CONFIG_SGLANG_REQUEST_TIMEOUT): "
+                               "sending it again (%d of at most %d)", url, path, label, self.request_timeout,
+                               timeouts, TIMEOUT_RETRIES)
+                continue
             except httpx.TransportError as exc:
                 self._check_server()
                 problem = f"{type(exc).__name__}: {exc}"
@@ -455,10 +504,10 @@ class SGLangEngine:
                     return Generation(text=reply.text, completion_tokens=reply.completion_tokens)
                 self._check_server()
                 problem = f"HTTP {response.status_code}: {_error_message(response)}"
-            if attempt < CONNECTION_RETRIES:
-                await asyncio.sleep(RETRY_BACKOFF * 2**attempt)
-        self._check_server()
-        raise RunError(f"{url}{path} failed {CONNECTION_RETRIES + 1} times; last: {problem}")
+            failures += 1
+            if failures > CONNECTION_RETRIES:
+                raise RunError(f"{url}{path} failed {failures} times; last: {problem}")
+            await asyncio.sleep(RETRY_BACKOFF * 2 ** (failures - 1))
 
     def _check_server(self) -> None:
         if self.server is not None and not self.server.alive():

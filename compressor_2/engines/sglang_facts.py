@@ -1,8 +1,9 @@
 """What an SGLang server says about itself, read before any work, and what it must be for
 a run: no speculative decoding (its verification never calls the custom logit processor),
-deterministic inference (the answer cache assumes a genome's answer does not depend on
-its batch), the model of CONFIG_MODEL_PATH, no preferred sampling field a request leaves
-to the server, and the context every prompt must fit in.
+deterministic inference when CONFIG_SGLANG_DETERMINISTIC says so (the answer cache then
+holds a genome's one answer), the model of CONFIG_MODEL_PATH, no preferred sampling field
+a request leaves to the server, and the context every prompt must fit in; and what its
+missing radix cache costs.
 
 Read from `/server_info` and `/model_info` (their `/get_*` names on older servers) and
 `/v1/models`, as SGLang 0.5.23 answers them. SGLang's router (sglang-router) has none of
@@ -25,6 +26,9 @@ from compressor_2.errors import ConfigError, RunError
 
 logger = logging.getLogger(__name__)
 
+# SGLang 0.5.23's RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND: on any other backend its
+# deterministic inference turns the radix cache off.
+RADIX_DETERMINISTIC_BACKENDS = ("ascend", "fa3", "fa4", "triton")
 # Every /generate sampling field that changes an answer besides temperature, max_new_tokens
 # and custom_params, at SGLang's neutral value. SGLang fills a field a request leaves out
 # from the server's --preferred-sampling-params, so every request states all of these.
@@ -60,6 +64,8 @@ class ServerFacts:
     custom_processor: bool
     context: int | None  # tokens a prompt and its answer share; None when the server does not say
     preferred_sampling_params: dict[str, Any]
+    radix_cache: bool = True  # prompts' shared prefixes are prefilled once, not per request
+    attention_backend: str | None = None
 
 
 class Unreachable(RunError):
@@ -160,6 +166,8 @@ def _facts(client: httpx.Client, url: str, server: dict[str, Any]) -> ServerFact
         context=_context(server, _get(client, url, ("/v1/models",))),
         preferred_sampling_params=_preferred(model.get("preferred_sampling_params",
                                                        server.get("preferred_sampling_params"))),
+        radix_cache=server.get("disable_radix_cache") is not True,
+        attention_backend=server.get("attention_backend"),
     )
 
 
@@ -183,12 +191,27 @@ def check_facts(facts: ServerFacts, config: SGLangSettings, api: str) -> None:
         raise ConfigError(
             f"{url} has --preferred-sampling-params setting {', '.join(preferred)}, which every request of "
             "this run would inherit and be answered under; restart it without them")
-    if not facts.deterministic:
-        logger.warning(
-            "warning: %s runs without --enable-deterministic-inference: its greedy answers depend on what "
-            "each request is batched with, so a genome can score differently in two evaluations, and the "
-            "answer cache (and a resumed run) keeps whichever answer came first; restart it with "
-            "--enable-deterministic-inference for reproducible runs", url)
+    if config.sglang_deterministic and not facts.deterministic:
+        raise ConfigError(
+            f"{url} runs without --enable-deterministic-inference but CONFIG_SGLANG_DETERMINISTIC=y: its greedy "
+            "answers depend on what each request is batched with, and the answer cache would keep one draw of "
+            "several as a genome's answer; restart it with --enable-deterministic-inference, or set "
+            "CONFIG_SGLANG_DETERMINISTIC=n to accept that")
+
+
+def radix_warning(facts: ServerFacts, prompt_tokens: list[int]) -> str | None:
+    """What a server without the radix cache costs: every request prefills its whole prompt,
+    where the cache prefills a prompt once for every genome that asks it. None with a cache."""
+    if facts.radix_cache:
+        return None
+    why = (f"deterministic inference on the {facts.attention_backend} attention backend turns it off (SGLang's "
+           "fallback on SM100/SM120 GPUs); --attention-backend triton keeps it"
+           if facts.deterministic and facts.attention_backend not in RADIX_DETERMINISTIC_BACKENDS else
+           "it runs with --disable-radix-cache")
+    mean = sum(prompt_tokens) / len(prompt_tokens) if prompt_tokens else 0
+    return (f"warning: {facts.url} has no radix cache ({why}): every request prefills its whole prompt again, "
+            f"{mean:,.0f} tokens on average over the run's {len(prompt_tokens)} prompts, for every genome, where "
+            "the cache would prefill each prompt once for the whole run")
 
 
 def answer_room(prompt_tokens: int, context: int) -> int:

@@ -24,14 +24,30 @@ from pathlib import Path
 import httpx
 
 from compressor_2.config import Config
-from compressor_2.config.sglang import bind_host, launch_command, option
+from compressor_2.config.sglang import ATTENTION_FLAG, PORTABLE_BACKEND, bind_host, launch_command, option
 from compressor_2.errors import ConfigError, RunError
+from compressor_2.host.probe import compute_capabilities
 
 logger = logging.getLogger(__name__)
 
 LOG_NAME = "sglang_server.log"
 LOG_TAIL_LINES = 30
 _WILDCARDS = {"0.0.0.0": "127.0.0.1", "::": "::1"}  # a server bound to all interfaces: its loopback
+_TOO_OLD_DRIVER = ("the NVIDIA driver is too old for this torch's CUDA build: upgrade it (make install-gpu checks "
+                   "it before installing)")
+_OUT_OF_MEMORY = ("the model and its KV cache do not fit: spread the model over GPUs with --tp N in "
+                  "CONFIG_SGLANG_COMMAND, or lower --mem-fraction-static if other processes hold GPU memory")
+# Last words of a server that dies at start-up, as SGLang and torch word them, and the fix.
+KNOWN_FAILURES: tuple[tuple[str, str], ...] = (
+    ("FlashAttention v3 Backend requires SM>=80", f"this GPU cannot run fa3, the attention backend SGLang falls "
+     f"back to: add {ATTENTION_FLAG} {PORTABLE_BACKEND} to CONFIG_SGLANG_COMMAND"),
+    ("NVIDIA driver on your system is too old", _TOO_OLD_DRIVER),
+    ("CUDA driver version is insufficient", _TOO_OLD_DRIVER),
+    ("No module named 'compressor_2'", "the server's Python cannot import compressor_2: start CONFIG_SGLANG_COMMAND "
+     "with python (the interpreter that runs compressor_2), or install compressor_2 where it runs"),
+    ("CUDA out of memory", _OUT_OF_MEMORY),
+    ("OutOfMemoryError", _OUT_OF_MEMORY),
+)
 
 
 def client_url(host: str, port: int) -> str:
@@ -61,6 +77,11 @@ def ensure_port_free(host: str, port: int) -> None:
             ) from None
 
 
+def known_failure(lines: list[str]) -> str | None:
+    """The fix for the first known failure in a server log's last lines, or None."""
+    return next((fix for line in lines for pattern, fix in KNOWN_FAILURES if pattern in line), None)
+
+
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
     """The last non-empty lines of the server log."""
     try:
@@ -75,7 +96,7 @@ class SGLangServer:
     also runs at interpreter exit. Usable as a context manager."""
 
     def __init__(self, config: Config) -> None:
-        self.command = launch_command(config)
+        self.command = launch_command(config, compute_capabilities())
         self.host = option(self.command, "--host") or bind_host(config)
         self.port = config.sglang_port
         self.url = client_url(self.host, config.sglang_port)
@@ -156,14 +177,17 @@ class SGLangServer:
     def _failure(self, what: str) -> str:
         tail = log_tail(self.log_path)
         last = tail[-1] if tail else "(the log is empty)"
+        fix = known_failure(tail)
         # The CLI prints only the first line: make it carry the server's last words.
-        return f"the SGLang server {what}; last log line: {last}\n" \
-               f"--- last lines of {self.log_path} ---\n" + "\n".join(tail)
+        return f"the SGLang server {what}; last log line: {last}" + (f"; hint: {fix}" if fix else "") + \
+            f"\n--- last lines of {self.log_path} ---\n" + "\n".join(tail)
 
     def failure_summary(self) -> str:
-        """The server log's last line, for errors raised after start-up."""
-        tail = log_tail(self.log_path, 1)
-        return f"last line of {self.log_path}: {tail[0] if tail else '(empty)'}"
+        """The server log's last line, and the fix of a known failure, for errors raised
+        after start-up."""
+        tail = log_tail(self.log_path)
+        fix = known_failure(tail)
+        return f"last line of {self.log_path}: {tail[-1] if tail else '(empty)'}" + (f"; hint: {fix}" if fix else "")
 
     def stop(self) -> None:
         """SIGTERM to the whole group, SIGKILL after the grace period."""

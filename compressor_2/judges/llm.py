@@ -2,24 +2,42 @@
 
 Temperature 0 and a strict JSON schema {is_correct, reasoning}. The API key is read
 from the environment variable the config names and is never logged, stored or put
-in an exception message. The SDK retries rate limits, 5xx and connection errors
-with exponential backoff; items are judged concurrently by a small thread pool.
+in an exception message; a reply's reasoning is stored as a reflector's text is, every
+key in it masked and its length capped (`api_key.masked`). Items are judged
+concurrently by a small thread pool.
+
+Bounded like the reflector: one call, the client's retries (rate limits, 5xx,
+connection errors, with backoff) and their waits included, gets CONFIG_JUDGE_TIMEOUT
+seconds; a call that fails (no verdict in time, an error after the retries, a reply that
+is no chat completion or not the verdict schema) is made again, and after
+CONFIG_JUDGE_MAX_CONSECUTIVE_FAILURES failed calls in a row the run stops with a
+`RunError` naming the last failure. So a judge that accepts and never answers stops the
+run after at most MAX_CONSECUTIVE_FAILURES x TIMEOUT seconds of waiting (one call at a
+time; fewer rounds when calls run concurrently). A rejected key (401/403) or an unknown
+model or URL (404) cannot improve by retrying and stops the run at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import openai
 
-from compressor_2.api_key import api_key_from_env, remember, scrub
-from compressor_2.endpoint import check_reachable
+from compressor_2.api_key import api_key_from_env, masked, remember
+from compressor_2.chat_reply import BadReply, read_completion
 from compressor_2.config import Config
+from compressor_2.endpoint import check_reachable
 from compressor_2.errors import RunError
 from compressor_2.judges.base import JudgeItem, Verdict
+from compressor_2.json_values import shown
+
+REASONING_MAX_CHARS = 2_000  # of a verdict's reasoning as stored, as of any other text of a reply
+CLIENT_RETRIES = 2  # the SDK's own, with its backoff, inside the call's timeout
 
 VERDICT_SCHEMA: dict[str, Any] = {
     "name": "verdict",
@@ -44,22 +62,33 @@ without a result, or a result that contradicts the reference does.
 Reply with JSON: is_correct, and reasoning (one or two sentences saying what was compared)."""
 
 
+class JudgeCallFailed(Exception):
+    """One judge call gave no verdict; it counts towards the consecutive-failure limit."""
+
+
 class LLMJudge:
     def __init__(self, model: str, base_url: str, api_key: str, tolerance: float = 0.01,
-                 concurrency: int = 8, timeout: float = 120.0, max_retries: int = 5) -> None:
+                 concurrency: int = 8, timeout: float = 120.0, max_retries: int = CLIENT_RETRIES,
+                 max_failures: int = 5) -> None:
         self.model = model
         self.base_url = base_url
         self.tolerance = tolerance
         self.concurrency = concurrency
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.max_failures = max_failures
         remember(api_key)
-        self._client = openai.OpenAI(api_key=api_key, base_url=base_url, timeout=timeout,
-                                     max_retries=max_retries)
+        self._key = api_key
+        self._lock = threading.Lock()
+        self._failures = 0  # calls in a row without a verdict, over every thread
+        self._gave_up: str | None = None
 
     @classmethod
     def from_config(cls, config: Config) -> LLMJudge:
         key = api_key_from_env(config.judge_api_key_env, "the judge", "JUDGE_API_KEY_ENV")
         check_reachable(config.judge_base_url, "the judge API", "JUDGE_BASE_URL")
-        return cls(config.judge_model, config.judge_base_url, key, config.correctness_tolerance)
+        return cls(config.judge_model, config.judge_base_url, key, config.correctness_tolerance,
+                   timeout=config.judge_timeout, max_failures=config.judge_max_consecutive_failures)
 
     def judge(self, items: Sequence[JudgeItem]) -> list[Verdict]:
         if len(items) <= 1:
@@ -68,44 +97,74 @@ class LLMJudge:
             return list(pool.map(self._judge_one, items))
 
     def _judge_one(self, item: JudgeItem) -> Verdict:
-        failure = None
-        try:
-            response = self._client.chat.completions.create(
-                model=self.model,
-                temperature=0,
-                messages=[
-                    {"role": "system", "content": _SYSTEM.format(tolerance=self.tolerance)},
-                    {"role": "user", "content": f"Question: {item.question}\n\n"
-                                                f"Reference answer: {item.gold}\n\n"
-                                                f"Answer to grade: {item.answer}"},
-                ],
-                response_format={"type": "json_schema", "json_schema": VERDICT_SCHEMA},
-            )
-        except openai.APIError as exc:  # the SDK has already retried what can be retried
-            failure = self._describe(exc)
+        messages = [
+            {"role": "system", "content": _SYSTEM.format(tolerance=self.tolerance)},
+            {"role": "user", "content": f"Question: {item.question}\n\n"
+                                        f"Reference answer: {item.gold}\n\n"
+                                        f"Answer to grade: {item.answer}"},
+        ]
+        while True:
+            with self._lock:
+                if self._gave_up is not None:
+                    raise RunError(self._gave_up)
+            try:
+                verdict = asyncio.run(self._call(messages))
+            except JudgeCallFailed as failure:
+                self._failed(str(failure))
+                continue
+            with self._lock:
+                self._failures = 0
+            return verdict
+
+    def _failed(self, failure: str) -> None:
+        """Counts a failed call; past the limit, stops every thread's next call too."""
+        with self._lock:
+            self._failures += 1
+            if self._failures >= self.max_failures and self._gave_up is None:
+                self._gave_up = (f"the judge at {self.base_url} failed {self._failures} calls in a row "
+                                 f"(CONFIG_JUDGE_MAX_CONSECUTIVE_FAILURES={self.max_failures}); the last: {failure}")
+
+    async def _call(self, messages: list[dict[str, str]]) -> Verdict:
+        """One call in a client of its own on this thread's own event loop, so that the
+        timeout bounds it whole, the client's retries and their waits included."""
+        async with openai.AsyncOpenAI(api_key=self._key, base_url=self.base_url, timeout=self.timeout,
+                                      max_retries=self.max_retries) as client:
+            failure, fatal = None, False
+            try:
+                raw = await asyncio.wait_for(client.chat.completions.with_raw_response.create(
+                    model=self.model, temperature=0, messages=messages,  # type: ignore[arg-type]
+                    response_format={"type": "json_schema", "json_schema": VERDICT_SCHEMA},
+                ), self.timeout)
+            except asyncio.TimeoutError:
+                failure = f"no verdict within {self.timeout:g} s (CONFIG_JUDGE_TIMEOUT)"
+            except openai.APIError as exc:  # the SDK has already retried what can be retried
+                failure, fatal = self._describe(exc)
         if failure is not None:
             # Raised outside the except block: the SDK's exception (whose text may hold
             # the key echoed by a server) is neither the cause nor the context.
-            raise RunError(failure)
-        content = response.choices[0].message.content if response.choices else None
+            raise RunError(failure) if fatal else JudgeCallFailed(failure)
+        try:
+            content = read_completion(raw.status_code, raw.headers.get("content-type", ""), raw.content).content
+        except BadReply as exc:
+            raise JudgeCallFailed(f"the judge model {self.model} at {self.base_url}: {exc}") from None
         verdict = _parse_verdict(content)
         if verdict is None:
-            raise RunError(self._scrub(
-                f"the judge model {self.model} at {self.base_url} did not return the verdict "
-                f"schema: {str(content)[:200]!r}"))
+            raise JudgeCallFailed(f"the judge model {self.model} at {self.base_url} did not return the verdict "
+                                  f"schema: {shown(content, 200)}")
         return verdict
 
-    def _describe(self, exc: openai.APIError) -> str:
-        if isinstance(exc, openai.AuthenticationError):
-            return f"the judge API at {self.base_url} rejected the key (HTTP 401)"
+    def _describe(self, exc: openai.APIError) -> tuple[str, bool]:
+        """The failure in one masked line, and whether no retry can mend it."""
+        if isinstance(exc, (openai.AuthenticationError, openai.PermissionDeniedError)):
+            return f"the judge API at {self.base_url} rejected the key (HTTP {exc.status_code})", True
+        if isinstance(exc, openai.NotFoundError):
+            return (f"the judge API at {self.base_url} answered 404 for model {self.model!r}: check "
+                    "CONFIG_JUDGE_BASE_URL and CONFIG_JUDGE_MODEL"), True
         if isinstance(exc, openai.APIStatusError):
             detail = f"HTTP {exc.status_code}: {exc.message}"
         else:  # connection errors and timeouts
             detail = f"{type(exc).__name__}: {exc}"
-        return self._scrub(f"judge call to {self.base_url} failed after retries: {detail}")
-
-    def _scrub(self, message: str) -> str:
-        return scrub(message)
+        return masked(f"judge call to {self.base_url} failed after retries: {detail}", REASONING_MAX_CHARS), False
 
 
 def _parse_verdict(content: str | None) -> Verdict | None:
@@ -118,4 +177,5 @@ def _parse_verdict(content: str | None) -> Verdict | None:
     is_correct, reasoning = data.get("is_correct"), data.get("reasoning")
     if not isinstance(is_correct, bool) or not isinstance(reasoning, str):
         return None
-    return Verdict(is_correct, reasoning)
+    # Stored with the answer: a server may echo the Authorization header into it.
+    return Verdict(is_correct, masked(reasoning, REASONING_MAX_CHARS))

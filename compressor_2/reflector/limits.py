@@ -16,7 +16,7 @@ Every text is masked before it is cut: a key cut in two no longer matches the ma
 
 from __future__ import annotations
 
-from compressor_2.api_key import scrub
+from compressor_2.api_key import masked, scrub
 
 SCRATCHPAD_MAX_CHARS = 16_000
 TEXT_MAX_CHARS = 2_000
@@ -35,6 +35,7 @@ def keep_recent(text: str, limit: int = SCRATCHPAD_MAX_CHARS) -> str:
 
 
 def keep_first(text: str, limit: int) -> str:
+    """`text`'s first `limit` characters, saying how many more there were."""
     if len(text) <= limit:
         return text
     return f"{text[:limit]} [... {len(text) - limit} more characters]"
@@ -46,10 +47,10 @@ def scratchpad(text: str) -> str:
 
 
 def kept_text(text: str) -> str:
-    """Any other text of a reply as it may be stored."""
-    return keep_first(scrub(text), TEXT_MAX_CHARS)
+    """Any other text of a reply as it may be stored (the LLM judge's reasoning alike)."""
+    return masked(text, TEXT_MAX_CHARS)
 
 
 def note(text: str) -> str:
     """An API error or a rejection's reason as it may be stored."""
-    return keep_first(scrub(text), NOTE_MAX_CHARS)
+    return masked(text, NOTE_MAX_CHARS)

@@ -40,12 +40,12 @@ from typing import Any
 import numpy as np
 
 from compressor_2.clusters.tokens import AnswerTokens
+from compressor_2.deltas import clamp
 from compressor_2.reflector.base import (
     MergeRequest, Message, MutationRequest, Reply, SelectionRequest, Usage, VectorRequest,
 )
 
 EOS_CLUSTER = "0"
-DELTA_LIMIT = 30.0  # beyond this a logit bias only saturates
 MAX_NOTES = 40  # a lineage's scratchpad keeps its most recent notes
 GROW, SHRINK = 1.5, 0.5
 STEP_RANGE = (1 / 16, 8.0)  # the step stays within these multiples of the initial step
@@ -311,7 +311,7 @@ class LocalProposer:
         return (1 if signal > 0 else -1), seen, abs(signal)
 
     def _next_value(self, current: float, direction: int, step: float) -> float:
-        return round(min(max(current + direction * step, -DELTA_LIMIT), DELTA_LIMIT), 4)
+        return round(clamp(current + direction * step), 4)
 
 
 def _distance(a: Mapping[str, float], b: Mapping[str, float]) -> float:

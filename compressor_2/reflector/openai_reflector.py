@@ -5,7 +5,9 @@ One call is bounded by CONFIG_REFLECTOR_TIMEOUT seconds, the client's own retrie
 backoff) and their waits included: a server that accepts and never answers costs one
 timeout per call, never timeout x attempts. A call that still fails becomes a failed
 `Reply`, which validation treats as an invalid output (and counts towards
-CONFIG_REFLECTOR_MAX_CONSECUTIVE_FAILURES). A rejected key (401/403) or an unknown model
+CONFIG_REFLECTOR_MAX_CONSECUTIVE_FAILURES); so does a reply that is no chat completion (an
+HTML page with status 200, a token count that is no integer in [0, 2^53): chat_reply.py),
+whose error says what came back. A rejected key (401/403) or an unknown model
 or URL (404) cannot improve by retrying and would silently turn the run into one without
 mutations, so those stop the run with a `RunError`.
 
@@ -24,6 +26,7 @@ from typing import Any
 import openai
 
 from compressor_2.api_key import api_key_from_env, remember
+from compressor_2.chat_reply import BadReply, read_completion
 from compressor_2.config import Config
 from compressor_2.endpoint import check_reachable
 from compressor_2.errors import RunError
@@ -126,7 +129,7 @@ class OpenAIProposer:
 
     async def _request(self, messages: list[Message], fmt: dict[str, Any], settings: dict[str, Any]) -> Reply:
         try:
-            response = await asyncio.wait_for(self._client.chat.completions.create(
+            raw = await asyncio.wait_for(self._client.chat.completions.with_raw_response.create(
                 model=self.model, messages=messages, response_format=fmt, **settings,  # type: ignore[arg-type]
             ), self.timeout)
         except asyncio.TimeoutError:
@@ -138,10 +141,13 @@ class OpenAIProposer:
             ) from None
         except openai.APIError as exc:
             return Reply(None, Usage(calls=1), error=limits.note(f"{type(exc).__name__}: {exc.message}"))
-        usage = response.usage
-        content = response.choices[0].message.content if response.choices else None
+        try:
+            # Read from the body, checked: the SDK's own objects are built without validation.
+            completion = read_completion(raw.status_code, raw.headers.get("content-type", ""), raw.content)
+        except BadReply as exc:
+            return Reply(None, Usage(calls=1), error=limits.note(str(exc)))
         return Reply(
-            content,
-            Usage(1, usage.prompt_tokens if usage else 0, usage.completion_tokens if usage else 0),
-            error=None if content is not None else "the reply has no message content",
+            completion.content,
+            Usage(1, completion.prompt_tokens, completion.completion_tokens),
+            error=None if completion.content is not None else "the reply has no message content",
         )

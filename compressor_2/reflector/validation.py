@@ -10,6 +10,9 @@
   repeated candidate id, or a category outside the three is invalid -> retry once ->
   the caller falls back to its automatic selection.
 
+Every delta a reply proposes is clamped to the one bound on every delta (`deltas.DELTA_BOUND`)
+before it is compared with the current value: every strategy's reflector proposals pass here.
+
 A call that failed outright (API error after the client's own retries, or no reply within
 CONFIG_REFLECTOR_TIMEOUT) is an invalid attempt like any other. Every text a reply brings
 is masked and capped (`limits.py`) before anything stores it.
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from compressor_2.archive.database import CallRecord
+from compressor_2.deltas import clamp
 from compressor_2.errors import ReflectorUnavailable
 from compressor_2.json_values import as_float, shown
 from compressor_2.reflector import limits
@@ -94,6 +98,7 @@ def parse_mutation(reply: Reply, current: float) -> tuple[float, str]:
     delta = as_float(found)
     if delta is None:
         raise InvalidOutput(f"delta is {_shown(found)}, not a finite number")
+    delta = clamp(delta)
     if abs(delta - current) <= UNCHANGED_TOLERANCE:
         raise InvalidOutput(f"delta {delta!r} equals the current value {current!r}")
     return delta, _scratchpad(data)
@@ -118,7 +123,7 @@ def parse_vector(reply: Reply, current: Mapping[str, float]) -> tuple[dict[str, 
         value = as_float(deltas[cid])
         if value is None:
             raise InvalidOutput(f"delta of cluster {cid} is {_shown(deltas[cid])}, not a finite number")
-        new[cid] = value
+        new[cid] = clamp(value)
     if all(abs(new[cid] - current[cid]) <= UNCHANGED_TOLERANCE for cid in current):
         raise InvalidOutput("the deltas equal the current ones")
     return new, _text(data, "summary")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from compressor_2.archive.database import RunArchive
@@ -98,18 +99,21 @@ class BudgetReached(Exception):
 class Budget:
     """The run's limits and what it has spent, read from the archive."""
 
-    def __init__(self, limits: Limits, archive: RunArchive) -> None:
+    def __init__(self, limits: Limits, archive: RunArchive, clock: Callable[[], float] = time.monotonic) -> None:
+        """`clock`: the seconds the wall budget counts (a test's own, so that no outcome
+        depends on how fast the machine is)."""
         self.limits = limits
         self.archive = archive
+        self._clock = clock
         self._earlier_seconds = archive.meta_count("wall_seconds")
-        self._session_start = time.monotonic()
+        self._session_start = clock()
 
     def spent(self) -> Spent:
         _, prompt, completion = self.archive.reflector_tokens()
         return Spent(self.archive.metric_calls(), prompt + completion, self.seconds() / 60)
 
     def seconds(self) -> float:
-        return self._earlier_seconds + time.monotonic() - self._session_start
+        return self._earlier_seconds + self._clock() - self._session_start
 
     def exhausted(self) -> str | None:
         return stop_reason(self.limits, self.spent())

@@ -7,12 +7,16 @@ pool, read from the archive, and the checks that measure outside the search.
 - The held-out check (CONFIG_HOLDOUT_DATA, CONFIG_HOLDOUT_INDICES) runs when the search
   has stopped: the best candidate, the front's candidates and the baseline on the
   held-out questions.
+- The simpler tools (CONFIG_COMPARE_SIMPLE, run/simpler.py) are measured around it: the
+  EOS-only search before (its best is checked held out with the others), the token cap and
+  the instruction after.
 
 Checks answer through their own evaluator, whose store is the archive's `CheckStore`:
 answers the search already made are served from its cache, fresh ones go to
 `check_answers` (cached there for the next check), so no check adds to the search's
 metric calls, changes what its cache serves, or draws from its RNGs. Their results
-go to `check_results`, by split.
+go to `check_results`, by split. Every claim made of them is paired against the baseline
+on the same questions (run/claims.py).
 """
 
 from __future__ import annotations
@@ -23,10 +27,11 @@ from dataclasses import dataclass
 from compressor_2.archive.database import Candidate, CheckResult, RunArchive, genome_key
 from compressor_2.data.example import Example
 from compressor_2.fitness import Evaluation, Evaluator
+from compressor_2.run.claims import HELDOUT, TRAINING, Arm, Claims
+from compressor_2.run.confidence import Paired, correctness_claim, tokens_claim
 from compressor_2.run.front import Point, pareto_front
 from compressor_2.run.progress import evaluate_with_bar
-
-TRAINING, HELDOUT = "training", "heldout"
+from compressor_2.run.simpler import Simpler, Tools, read_record, simpler_line
 BASELINE_ID = 0  # the baseline's Point id when no candidate is the all-zero genome
 
 
@@ -97,13 +102,10 @@ def training_baseline(archive: RunArchive) -> Point | None:
     return standing(archive).baseline
 
 
-def heldout_line(g: Gain) -> str:
-    """The one line `make run` ends with."""
-    saved = 1 - g.best_heldout.mean_tokens / g.baseline_heldout.mean_tokens if g.baseline_heldout.mean_tokens else 0
-    drop = 100 * (g.best_heldout.correctness - g.baseline_heldout.correctness)
-    return (f"held-out ({g.best_heldout.examples} questions): best #{g.best.id} "
-            f"{g.best_heldout.mean_tokens:.1f} tokens ({-100 * saved:+.0f}%), "
-            f"{100 * g.best_heldout.correctness:.1f}% correct ({drop:+.1f} points) against the baseline's "
+def heldout_line(g: Gain, claim: Paired) -> str:
+    """The held-out check's line: the best against the baseline on the held-out questions."""
+    return (f"held-out ({g.best_heldout.examples} questions): best #{g.best.id} {tokens_claim(claim)}, "
+            f"{correctness_claim(claim)} against the baseline's "
             f"{g.baseline_heldout.mean_tokens:.1f} tokens, {100 * g.baseline_heldout.correctness:.1f}% correct; "
             f"gap from training: {g.best_heldout.mean_tokens - g.best.tokens:+.1f} tokens, "
             f"{100 * (g.best_heldout.correctness - g.best.correctness):+.1f} points")
@@ -111,15 +113,16 @@ def heldout_line(g: Gain) -> str:
 
 class Checks:
     """Measures genomes outside the search, with `evaluator` (whose store must be the
-    archive's `CheckStore`)."""
+    archive's `CheckStore`); `simpler`: the simpler tools to measure after the search."""
 
     def __init__(self, evaluator: Evaluator, archive: RunArchive, pool: Sequence[Example],
-                 heldout: Sequence[Example], n_clusters: int) -> None:
+                 heldout: Sequence[Example], n_clusters: int, simpler: Simpler | None = None) -> None:
         self.evaluator = evaluator
         self.archive = archive
         self.pool = tuple(pool)
         self.heldout = tuple(heldout)
         self.zeros = [0.0] * n_clusters
+        self.simpler = simpler
 
     def measure_baseline(self) -> None:
         """The all-zero genome on the pool, unless the baseline is known already."""
@@ -128,9 +131,23 @@ class Checks:
         [evaluation] = evaluate_with_bar(self.evaluator, [self.zeros], self.pool, "unsteered baseline")
         self.archive.record_checks(TRAINING, [_result(TRAINING, evaluation)])
 
-    def heldout_check(self) -> int:
-        """The baseline, the best and the front's candidates on the held-out questions;
-        returns how many genomes were checked (0 without a held-out set or candidates)."""
+    def after_search(self) -> int:
+        """Everything measured once the search has stopped: the EOS-only search, the held-out
+        check (with the EOS-only best), the token cap and the instruction; returns how many
+        genomes the held-out check checked."""
+        best = self.archive.best()
+        if self.simpler is None or best is None or best.mean_tokens is None:
+            return self.heldout_check()
+        self.measure_baseline()
+        tools = Tools(self.evaluator, self.archive, self.pool, self.heldout, len(self.zeros), self.simpler)
+        checked = self.heldout_check([tools.search_eos()])
+        tools.finish(best.mean_tokens)
+        return checked
+
+    def heldout_check(self, extra: Sequence[Sequence[float]] = ()) -> int:
+        """The baseline, the best, the front's candidates and `extra` on the held-out
+        questions; returns how many genomes were checked (0 without a held-out set or
+        candidates)."""
         best = self.archive.best()
         if not self.heldout or best is None:
             return 0
@@ -139,13 +156,39 @@ class Checks:
         now = standing(self.archive)
         chosen = [best.id, *(p.id for p, _ in now.front() if p.id != best.id)]
         genomes = {genome_key(self.zeros): self.zeros}
-        for cid in chosen:
-            values = list(now.candidates[cid].deltas.values())
+        for values in [list(now.candidates[cid].deltas.values()) for cid in chosen] + [list(e) for e in extra]:
             genomes.setdefault(genome_key(values), values)
         evaluations = evaluate_with_bar(self.evaluator, list(genomes.values()), self.heldout,
                                      f"held-out check ({len(genomes)} genomes)")
         self.archive.record_checks(HELDOUT, [_result(HELDOUT, e) for e in evaluations])
         return len(genomes)
+
+    def closing_lines(self, checked: int) -> list[str]:
+        """What the run ends with: the held-out check's accounting and its line (when it
+        checked `checked` genomes), then the simpler tools' line (when they were measured)."""
+        now = standing(self.archive)
+        if now.best is None or now.zeros is None:
+            return []
+        claims = Claims(self.archive, self.pool, self.heldout)
+        best = now.genome(now.best.id)
+        lines = []
+        if checked:
+            lines.append(checks_line(self.archive, checked, len(self.heldout), self.simpler is not None))
+            g, claim = now.gain, claims.paired(Arm(now.zeros), Arm(best), HELDOUT)
+            if g is not None and claim is not None:
+                lines.append(heldout_line(g, claim))
+        record = read_record(self.archive) if self.simpler is not None else None
+        line = simpler_line(claims, record, now.zeros, best) if record is not None else None
+        return lines + ([line] if line else [])
+
+
+def checks_line(archive: RunArchive, genomes: int, questions: int, simpler: bool) -> str:
+    fresh, cached = archive.check_calls()
+    which = "the baseline, the best, the front's and the EOS-only best" if simpler else \
+        "the baseline, the best and the front's"
+    return (f"held-out check: {genomes} genomes ({which}) on {questions} questions; the checks have made {fresh} "
+            f"answers in all and served {cached} from the cache, counted apart from the search's "
+            f"{archive.metric_calls()} metric calls")
 
 
 def _result(split: str, evaluation: Evaluation) -> CheckResult:

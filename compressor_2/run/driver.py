@@ -37,6 +37,7 @@ from compressor_2.errors import ConfigError, ReflectorUnavailable, RunError
 from compressor_2.interrupts import signals_ignored
 from compressor_2.reflector.prompt_log import PROMPT_DIR
 from compressor_2.run.budget import BudgetReached
+from compressor_2.run.checks import standing
 from compressor_2.run.history import HISTORY_FILE, load_history, save_history
 from compressor_2.run.idle import IdleSteps
 from compressor_2.run.outputs import Refresh, refresh_outputs
@@ -145,12 +146,16 @@ class Driver:
     # -- start and resume -------------------------------------------------------------------
 
     def _read(self) -> Saved[Any] | None:
+        """The state, checked; and every row the outputs draw on read once (the candidates,
+        the checks' results, the events): a hand-edited one is refused before any work."""
         config = self.run.config
         saved = read_state(self.path, self.strategy.state_format, self.run.cluster_ids,
                            config.lambda_shortness + config.lambda_correctness)
         if saved is not None:
             check_state(saved, self.path, self.strategy.state_format, self.archive,
                         deterministic=config.temperature == 0)
+        standing(self.archive)
+        self.archive.events()
         return saved
 
     def _start(self) -> int:

@@ -1,5 +1,6 @@
 """The tokens-versus-correctness front: which candidates no other beats on both counts,
-and the one to ship for a correctness drop you can afford. Pure arithmetic on points.
+and the one to ship for a correctness drop you can afford (by the training estimate, or
+by the upper bound of the held-out drop). Pure arithmetic on points.
 
 A point A dominates B when A answers in no more tokens and at least as correctly, and
 strictly better on one of the two. The front is the set of points no other dominates,
@@ -47,3 +48,10 @@ def affordable(front: Sequence[Point], baseline_correctness: float, max_drop: fl
     baseline's, or None when none is."""
     floor = baseline_correctness - max_drop - EPSILON
     return next((p for p in sorted(front, key=lambda p: (p.tokens, p.id)) if p.correctness >= floor), None)
+
+
+def affordable_bound(checked: Sequence[tuple[Point, float, float]], max_drop: float) -> Point | None:
+    """Of (point, held-out mean tokens, upper bound of the held-out correctness drop), the
+    point with the fewest held-out tokens whose bound is at most `max_drop`, or None."""
+    within = [(tokens, p.id, p) for p, tokens, bound in checked if bound <= max_drop + EPSILON]
+    return min(within, key=lambda t: (t[0], t[1]))[2] if within else None

@@ -5,9 +5,10 @@ Every Kconfig symbol is classified here, once (`SETTINGS`): either it is part of
 identity, and a resume with another value is refused (one line per changed setting, old
 and new value), or it may change across a resume, and `may_change` says what that means
 for the run. A path is compared by what it holds (the training pool's example ids and
-prompt digests, the clusters' digest, the initial deltas), so a file moved elsewhere
-unchanged is the same setting. The options of the run's strategy are part of it; another
-strategy's options are not used, and not compared.
+prompt digests, the clusters' digest, the initial deltas, the model's files), so a file
+moved elsewhere unchanged is the same setting, and weights changed in place are not. The
+options of the run's strategy are part of it; another strategy's options are not used,
+and not compared.
 
 A run started by a compressor_2 that recorded no identity gets this config's recorded at
 its next start (after the strategy and the answer context it did record are compared):
@@ -24,8 +25,10 @@ from dataclasses import dataclass
 from compressor_2.archive.database import RunArchive
 from compressor_2.config import Config
 from compressor_2.data.example import Example
+from compressor_2.engines.sglang_model import served_models
 from compressor_2.errors import ConfigError
 from compressor_2.fitness import example_key
+from compressor_2.model_digest import model_digest
 from compressor_2.run.progress import say
 
 IDENTITY_KEY = "identity"  # in the archive's meta table
@@ -75,6 +78,24 @@ def _digest(value: object) -> str:
     return hashlib.sha256(json.dumps(value).encode()).hexdigest()[:DIGEST_CHARS]
 
 
+def model_identity(config: Config) -> str:
+    """The model by what it holds: a local directory's digest (model_digest.py), a hub id as
+    itself; for attached SGLang servers what their /model_info reports, the path's digest
+    when that path is on this machine too (so the same model launched or attached is the
+    same setting). A server that cannot be asked yet is described by CONFIG_MODEL_PATH: its
+    engine start refuses it before any work."""
+    if config.engine == "sglang" and config.sglang_urls:
+        served = served_models(config.sglang_urls)
+        if served:
+            return "; ".join(sorted({_served(path, version) for path, version in served}))
+    return model_digest(config.model_path) or config.model_path
+
+
+def _served(path: str, version: str | None) -> str:
+    described = model_digest(path) or path
+    return described if version in (None, "default") else f"{described}, weight version {version}"
+
+
 def _ga(read: Callable[[Config], object]) -> Value:
     return _option("ga", read)
 
@@ -88,9 +109,13 @@ REFLECTOR = ("the reflector proposes from the next step on with the new setting;
 SPEED = ("how the same model runs: speed and memory; answers already in the archive are reused (another device "
          "or batch can change a new answer where two tokens tie to the last bit)")
 JUDGE_ENDPOINT = "where the judge model is reached (the judge model itself is compared)"
+JUDGE_BOUND = "how long a judge that gives no verdict is waited for: verdicts are not affected"
 CONCURRENCY = "how many calls run at once: speed only"
 OTHER_MODEL = ("which server may serve: one whose model path is spelled otherwise than CONFIG_MODEL_PATH (the "
-               "model path itself is compared, and every answer is keyed by it)")
+               "model itself is compared, by what it holds)")
+MODEL_SETTING = "the model (a digest of its weights and tokenizer files)"
+COMPARE = ("which simpler tools are measured after the search; the search never reads them: the next run measures "
+           "the new set, reusing cached answers")
 HOLDOUT = ("which questions the held-out check measures after the search; the search never reads them: the next "
            "check measures the new set, reusing cached answers of questions both sets hold")
 
@@ -105,9 +130,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("CONFIG_FINANCEBENCH_POOL_INDICES", ("FINANCEBENCH_POOL_INDICES",), lambda c, _: c.pool_indices),
     Setting("CONFIG_EVIDENCE_MAX_CHARS", ("EVIDENCE_MAX_CHARS",), lambda c, _: c.evidence_max_chars),
     Setting("CONFIG_ENGINE_*", ("ENGINE_*",), lambda c, _: c.engine),
-    Setting("CONFIG_MODEL_PATH", ("MODEL_PATH",), lambda c, _: c.model_path),
+    Setting(MODEL_SETTING, ("MODEL_PATH",), lambda c, _: model_identity(c)),
     Setting("CONFIG_MAX_NEW_TOKENS", ("MAX_NEW_TOKENS",), lambda c, _: c.max_new_tokens),
     Setting("CONFIG_TEMPERATURE", ("TEMPERATURE",), lambda c, _: c.temperature),
+    # Whether a cached answer is the genome's one answer or one draw among its batches'.
+    Setting("CONFIG_SGLANG_DETERMINISTIC", ("SGLANG_DETERMINISTIC",),
+            lambda c, _: c.sglang_deterministic if c.engine == "sglang" else None),
     Setting("CONFIG_JUDGE_*", ("JUDGE_*",), lambda c, _: c.judge),
     Setting("CONFIG_CORRECTNESS_TOLERANCE", ("CORRECTNESS_TOLERANCE",), lambda c, _: c.correctness_tolerance),
     Setting("CONFIG_JUDGE_MODEL", ("JUDGE_MODEL",), lambda c, _: c.judge_model if c.judge != "numeric" else None),
@@ -172,6 +200,8 @@ SETTINGS: tuple[Setting, ...] = (
             CONCURRENCY),
     Setting("CONFIG_JUDGE_BASE_URL", ("JUDGE_BASE_URL",), lambda c, _: c.judge_base_url, JUDGE_ENDPOINT),
     Setting("CONFIG_JUDGE_API_KEY_ENV", ("JUDGE_API_KEY_ENV",), lambda c, _: c.judge_api_key_env, JUDGE_ENDPOINT),
+    *(Setting(f"CONFIG_{name.upper()}", (name.upper(),), lambda c, _, n=name: getattr(c, n), JUDGE_BOUND)
+      for name in ("judge_timeout", "judge_max_consecutive_failures")),
     *(Setting(f"CONFIG_{name.upper()}", (name.upper(),), lambda c, _, n=name: getattr(c, n), SPEED)
       for name in ("transformers_batch_size", "transformers_device", "transformers_threads", "eval_concurrency",
                    "sglang_command", "sglang_urls", "sglang_port", "sglang_allow_remote", "sglang_startup_timeout",
@@ -183,6 +213,8 @@ SETTINGS: tuple[Setting, ...] = (
             lambda c, _: c.sglang_allow_other_model, OTHER_MODEL),
     Setting("CONFIG_HOLDOUT_DATA", ("HOLDOUT_DATA",), lambda c, _: c.holdout_data, HOLDOUT),
     Setting("CONFIG_HOLDOUT_INDICES", ("HOLDOUT_INDICES",), lambda c, _: c.holdout_indices, HOLDOUT),
+    Setting("CONFIG_COMPARE_SIMPLE", ("COMPARE_SIMPLE",), lambda c, _: c.compare_simple, COMPARE),
+    Setting("CONFIG_COMPARE_INSTRUCTION", ("COMPARE_INSTRUCTION",), lambda c, _: c.compare_instruction, COMPARE),
     Setting("CONFIG_EMBED_BATCH_SIZE", ("EMBED_BATCH_SIZE",), lambda c, _: c.embed_batch_size,
             "tokens per embedding batch of a cluster build: speed only, not an input of the clusters"),
     *(Setting(f"CONFIG_ARCHIVE_{name.upper()}", (f"ARCHIVE_{name.upper()}",),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import datetime
 import functools
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +23,14 @@ from compressor_2.archive.database import Answer, Candidate, CheckStore, RunArch
 from compressor_2.atomic import atomic_write_text
 from compressor_2.data.example import Example
 from compressor_2.fitness import example_key
+from compressor_2.judges.numeric import gold_kind
 from compressor_2.run.checks import BASELINE_ID, Standing, standing
+from compressor_2.run.claims import HELDOUT, TRAINING, Arm, Claims
+from compressor_2.run.confidence import ci, does_as_well, p_text, verdict
+from compressor_2.run.identity import IDENTITY_KEY
 from compressor_2.run.plots import FITNESS_PLOT, FRONT_PLOT, LENGTHS_PLOT
+from compressor_2.run.simpler import read_record, tool_rows
+from compressor_2.run.simpler import verdict as simpler_verdict
 from compressor_2.run.tree import TREE_PLOT
 
 REPORT_FILE = "report.html"
@@ -31,6 +38,9 @@ TEMPLATE = "report.html.j2"
 # The step plots shown, in order, when the run directory has them; a strategy's own
 # progress plot (`*_progress.png`) follows, and the tree comes last, full width.
 FIGURES = ((FITNESS_PLOT, "Fitness by step"), (LENGTHS_PLOT, "Answer length by step"))
+# Gold kinds the numeric judge reads by key terms, and how often it agrees with people on
+# them (docs/judges.md, calibration on FinanceBench's human labels).
+WEAK_GOLDS = {"prose": "81.5%", "figures_in_prose": "82.5%"}
 
 
 def status(archive: RunArchive) -> str:
@@ -109,6 +119,12 @@ def render(archive: RunArchive, out: Path, pool: Sequence[Example], heldout: Seq
     lineage: list[Candidate] = []
     if now.best is not None:
         lineage = [now.candidates[a] for a in archive.lineage().ancestors(now.best.id)] + [now.candidates[now.best.id]]
+    claims = Claims(archive, pool, heldout)
+    zeros = Arm(now.zeros or "")
+    best_arm = Arm(best_genome or "")
+    record = read_record(archive) if best_genome is not None and now.zeros is not None else None
+    tools = tool_rows(claims, record, now.zeros or "", best_genome or "") if record is not None else []
+    judge = scoring_judge(archive)
     return _template().render(
         run_dir=str(out), generated=datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S"),
         strategy=archive.meta("strategy", "?"), status=status(archive),
@@ -121,13 +137,47 @@ def render(archive: RunArchive, out: Path, pool: Sequence[Example], heldout: Seq
         baseline_heldout=now.heldout.get(now.zeros or ""),
         best_heldout=now.heldout.get(best_genome or ""),
         heldout_size=len(heldout),
-        front=now.front(),
+        front=[(p, held, claims.paired(zeros, Arm(now.genome(p.id)), HELDOUT if held else TRAINING))
+               for p, held in now.front()],
+        best_training=claims.paired(zeros, best_arm, TRAINING), best_claim=claims.paired(zeros, best_arm, HELDOUT),
+        tools=tools, tools_verdict=simpler_verdict(tools, claims.level) if tools else "",
+        eos_tried=record.eos if record is not None else (), level=ci(claims.level), p_text=p_text, verdict=verdict,
+        does_as_well=does_as_well,
+        judge=judge, judge_warning=weak_gold_warning(judge, (*pool, *heldout)),
         front_image=_data_uri(out / FRONT_PLOT), figures=_figures(out), tree_image=_data_uri(out / TREE_PLOT),
         lineage=[_lineage_entry(c) for c in lineage],
         training_rows=answer_rows(pool, base_answers, best_answers),
         heldout_rows=answer_rows(heldout, base_answers, best_answers) if heldout else [],
         baseline_is_candidate=now.baseline is not None and now.baseline.id != BASELINE_ID,
     )
+
+
+def scoring_judge(archive: RunArchive) -> str:
+    """The judge the run was recorded with, as the config names it: numeric, llm (model)
+    or hybrid (model)."""
+    try:
+        identity = json.loads(archive.meta(IDENTITY_KEY) or "{}")
+    except ValueError:
+        identity = {}
+    name = identity.get("CONFIG_JUDGE_*", "") if isinstance(identity, dict) else ""
+    model = identity.get("CONFIG_JUDGE_MODEL", "") if isinstance(identity, dict) else ""
+    if not name:
+        return "unknown (the run recorded no settings)"
+    return f"{name} ({model})" if name != "numeric" and model else str(name)
+
+
+def weak_gold_warning(judge: str, examples: Sequence[Example]) -> str:
+    """A warning when the numeric judge scored golds it reads only by key terms."""
+    if judge != "numeric":
+        return ""
+    counts = {kind: sum(gold_kind(ex.gold) == kind for ex in examples) for kind in WEAK_GOLDS}
+    if not any(counts.values()):
+        return ""
+    which = " and ".join(f"{n} {kind.replace('_', ' ')} golds (it agrees with people on {WEAK_GOLDS[kind]} of those)"
+                         for kind, n in counts.items() if n)
+    return (f"The numeric judge scored {which}, against 95.8% on bare figures: correctness there, and any loss or "
+            "gain in it, is a rough proxy. Rerun with the hybrid or llm judge, and measure it on labelled data "
+            "first (docs/judges.md).")
 
 
 def _lineage_entry(c: Candidate) -> dict[str, object]:

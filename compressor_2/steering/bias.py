@@ -1,8 +1,15 @@
 """(deltas, token_clusters) -> logit bias: the steering arithmetic, in one place.
 
 `token_clusters[t]` is the cluster id of token t (an index into the canonical delta
-list). Logits are often wider than the tokenizer's vocabulary: those extra columns
-get bias 0.
+list), or UNSTEERED (-1) for a special or added token that no delta may move. Logits
+are often wider than the tokenizer's vocabulary: those extra columns get bias 0, and so
+do unsteered tokens, whatever the deltas.
+
+Every row of deltas gets one zero column appended, and an unsteered token reads that
+column: `gather_index` turns a map into the index that does it, once per map, so a
+decode step pays one gather as before (indexing with -1 directly costs ~1.6x on a CPU).
+`gather_index` and `apply_bias` use tensor methods only: `generate-processor` copies
+their source into a module that has no `torch` global.
 """
 
 from __future__ import annotations
@@ -10,6 +17,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+
+
+def gather_index(token_clusters: torch.Tensor, clusters: int) -> torch.Tensor:
+    """The index `apply_bias` gathers with: a token's cluster, and `clusters` (the zero
+    column appended to rows of `clusters` deltas) for an unsteered token (-1)."""
+    return token_clusters.where(token_clusters >= 0, clusters)
 
 
 def bias_matrix(
@@ -22,7 +35,8 @@ def bias_matrix(
     rows = deltas_rows.shape[0]
     vocab = min(int(token_clusters.shape[0]), width)
     bias = torch.zeros((rows, width), dtype=deltas_rows.dtype, device=deltas_rows.device)
-    bias[:, :vocab] = deltas_rows.index_select(1, token_clusters[:vocab])
+    index = gather_index(token_clusters[:vocab], deltas_rows.shape[1])
+    bias[:, :vocab] = torch.nn.functional.pad(deltas_rows, (0, 1)).index_select(1, index)
     return bias
 
 
@@ -32,12 +46,13 @@ def bias_vector(deltas: Sequence[float], token_clusters: torch.Tensor, width: in
     return bias_matrix(rows, token_clusters, width)[0]
 
 
-def apply_bias(
-    logits: torch.Tensor, deltas_rows: torch.Tensor, token_clusters: torch.Tensor
-) -> torch.Tensor:
-    """logits (rows, width) + the bias of each row's deltas, in place; returns logits."""
-    deltas_rows = deltas_rows.to(device=logits.device, dtype=logits.dtype)
-    token_clusters = token_clusters.to(logits.device)
-    vocab = min(int(token_clusters.shape[0]), logits.shape[1])
-    logits[:, :vocab] += deltas_rows.index_select(1, token_clusters[:vocab])
+def apply_bias(logits: torch.Tensor, deltas_rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """logits (rows, width) + the bias of each row's deltas, in place; returns logits.
+    `index` is `gather_index` of the cluster map for rows of this many deltas."""
+    rows, clusters = deltas_rows.shape
+    padded = logits.new_zeros((rows, clusters + 1))  # the zero column unsteered tokens read
+    padded[:, :clusters] = deltas_rows
+    index = index.to(logits.device)
+    vocab = min(int(index.shape[0]), logits.shape[1])
+    logits[:, :vocab] += padded.index_select(1, index[:vocab])
     return logits

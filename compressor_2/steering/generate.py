@@ -1,7 +1,7 @@
 """`generate-processor`: a standalone SGLang processor module with the deltas baked in.
 
-The module holds the verbatim source of `apply_bias` and `SteeringProcessor` (so the
-arithmetic still has one home, bias.py), then sets the class's defaults: the deltas
+The module holds the verbatim source of `gather_index`, `apply_bias` and
+`SteeringProcessor` (so the arithmetic still has one home, bias.py), then sets the class's defaults: the deltas
 and the cluster map, EMBEDDED (zlib + base64) rather than referenced by a path. One
 file is then the whole deployment: nothing to copy next to it on the server, no path
 that differs between machines, and it works pickled by value, where a path would
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from compressor_2.atomic import atomic_write_text
 from compressor_2.clusters.clusterset import ClusterSet, cluster_map_digest, load_cluster_set
-from compressor_2.clusters.layout import FINGERPRINT_FILE
+from compressor_2.clusters.layout import FINGERPRINT_FILE, UNSTEERED
 from compressor_2.config import Config
 from compressor_2.deltas import check_fingerprint, load_deltas, to_list
 from compressor_2.steering import bias, processor
@@ -58,6 +58,7 @@ from collections.abc import Sequence
 from typing import Any
 
 FINGERPRINT_FILE = {fingerprint_file!r}
+UNSTEERED = {unsteered!r}
 '''
 
 _FOOTER = '''
@@ -80,8 +81,9 @@ def render_processor(deltas: list[float], clusters: ClusterSet, deltas_path: Pat
             deltas_path=deltas_path, count=len(deltas), first=clusters.cluster_ids[0],
             last=clusters.cluster_ids[-1], vocab=len(clusters.token_clusters),
             fingerprint=clusters.fingerprint, name=name,
-            fingerprint_file=FINGERPRINT_FILE,
+            fingerprint_file=FINGERPRINT_FILE, unsteered=UNSTEERED,
         ),
+        inspect.getsource(bias.gather_index),
         inspect.getsource(bias.apply_bias),
         inspect.getsource(processor.SteeringProcessor),
         _FOOTER.format(deltas=tuple(deltas),

@@ -7,6 +7,10 @@ the rows that sent this processor's string, one `custom_params` entry per row:
      "token_clusters": "/abs/token_clusters.npy",  # optional: the cluster map
      "fingerprint": "<build fingerprint>"}       # optional: checked against the map
 
+or, instead of the path, "cluster_map": the map itself (`encode_cluster_map`), which
+the steering probe sends to tell a server that cannot import this class from one that
+cannot read the map's file.
+
 A row without params (None, or a dict without "deltas") gets the class's baked-in
 `default_deltas`; a row without "token_clusters" uses the class's embedded
 `default_cluster_map`. `generate-processor` bakes both into a standalone copy of this
@@ -37,8 +41,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from compressor_2.clusters.layout import FINGERPRINT_FILE
-from compressor_2.steering.bias import apply_bias
+from compressor_2.clusters.layout import FINGERPRINT_FILE, UNSTEERED
+from compressor_2.steering.bias import apply_bias, gather_index
 
 if TYPE_CHECKING:
     from compressor_2.clusters.clusterset import ClusterSet
@@ -52,6 +56,7 @@ class SteeringProcessor:
     # "<torch dtype>:<base64 of zlib of the little-endian id array>", see encode_cluster_map.
     default_cluster_map: str = ""
     fingerprint_file: str = FINGERPRINT_FILE
+    unsteered: int = UNSTEERED  # the map's id of a special or added token: bias 0, whatever the deltas
     # Distinct delta lists kept on the device: a few bytes each, far more than one
     # generation of a run sends.
     cache_size: int = 4096
@@ -140,8 +145,11 @@ class SteeringProcessor:
         if not deltas:
             return None  # none: the unsteered row needs no work
         path = params.get("token_clusters")
-        if path is None:
-            key: Any = ("embedded", cls.default_cluster_map)
+        inline = params.get("cluster_map")
+        if isinstance(inline, str) and inline:
+            key: Any = ("embedded", inline)
+        elif path is None:
+            key = ("embedded", cls.default_cluster_map)
         elif isinstance(path, str):
             key = ("path", path, str(params.get("fingerprint", "")))
         else:
@@ -200,14 +208,15 @@ class SteeringProcessor:
 
     @classmethod
     def _cluster_map(cls, key: Any, device: Any) -> tuple[Any, int] | None:
-        """(cluster map on `device`, number of clusters it uses), loaded once per process;
-        None when unusable. The count is kept so no step pays a device sync for it."""
+        """(the map's gather index on `device`, number of clusters it uses), loaded once per
+        process; None when unusable. The count is kept so no step pays a device sync for it."""
         cache_key = (key, str(device))
         if cache_key not in cls._maps:
             try:
                 clusters = cls._load_map(key)
+                needed = int(clusters.max()) + 1 if clusters is not None and clusters.numel() else 0
                 cls._maps[cache_key] = None if clusters is None else (
-                    clusters.to(device), int(clusters.max()) + 1 if clusters.numel() else 0)
+                    gather_index(clusters, needed).to(device), needed)
             except Exception as exc:  # noqa: BLE001 - see __call__
                 name = "embedded in the class" if key[0] == "embedded" else key[1]
                 cls._warn_once(f"cannot load the cluster map {name}: {type(exc).__name__}: {exc}")
@@ -242,16 +251,17 @@ class SteeringProcessor:
             if array.ndim != 1 or array.dtype.kind not in "iu":
                 raise ValueError(f"{path} is not a 1-D integer array")
             clusters = torch.from_numpy(array.astype("int64"))
-        if clusters.numel() and int(clusters.min()) < 0:
-            raise ValueError("negative cluster id in the cluster map")
+        if clusters.numel() and int(clusters.min()) < cls.unsteered:
+            raise ValueError(f"cluster id below {cls.unsteered} in the cluster map")
         return clusters
 
 
 def encode_cluster_map(token_clusters: np.ndarray) -> str:
-    """`SteeringProcessor.default_cluster_map` for an int array: the smallest integer
-    dtype, zlib, base64 (a 152k-token map with 12 clusters is ~100 kB of text)."""
+    """`SteeringProcessor.default_cluster_map` for an int array: the smallest signed integer
+    dtype (unsteered tokens are -1), zlib, base64 (a 152k-token map with 12 clusters is
+    ~100 kB of text)."""
     top = int(token_clusters.max(initial=0))
-    dtype = "uint8" if top < 2**8 else "int16" if top < 2**15 else "int32"
+    dtype = "int8" if top < 2**7 else "int16" if top < 2**15 else "int32"
     raw = np.ascontiguousarray(token_clusters, dtype=np.dtype(dtype).newbyteorder("<")).tobytes()
     return f"{dtype}:{base64.b64encode(zlib.compress(raw, 9)).decode('ascii')}"
 
@@ -260,6 +270,12 @@ def processor_spec() -> str:
     """The `custom_logit_processor` string for a server that can import compressor_2
     (the CLI starts its server in this environment): the class by reference, ~150 bytes."""
     return SteeringProcessor.to_str()
+
+
+def steer(logits: Any, custom_param_list: Sequence[Any] | None = None) -> Any:
+    """`SteeringProcessor()(logits, custom_param_list)`: what the string of
+    `steering.guarded.guarded_spec` loads to on a server that can import compressor_2."""
+    return SteeringProcessor()(logits, custom_param_list)
 
 
 def custom_params(deltas: Sequence[float], clusters: ClusterSet) -> dict[str, Any]:

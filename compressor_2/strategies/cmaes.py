@@ -18,7 +18,7 @@ import numpy as np
 from deap import cma
 
 from compressor_2.config import CmaesOptions, Config
-from compressor_2.deltas import load_deltas, to_list
+from compressor_2.deltas import clamp_rows, load_deltas, to_list
 from compressor_2.run import fields
 from compressor_2.run.budget import Cost
 from compressor_2.run.fields import FieldError
@@ -60,7 +60,7 @@ class CmaesSampler:
     strategy: cma.Strategy
 
     def ask(self) -> list[list[float]]:
-        return [list(ind) for ind in self.strategy.generate(new_individual)]
+        return clamp_rows(self.strategy.generate(new_individual))
 
     def tell(self, batch: Sequence[Sequence[float]], fitness: Sequence[float]) -> list[int]:
         population = [new_individual(genome) for genome in batch]

@@ -6,16 +6,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from compressor_2.deltas import clamp
 from compressor_2.reflector.limits import keep_recent
 
 
 def weighted_average(a: Sequence[float], b: Sequence[float], fitness_a: float,
                      fitness_b: float) -> list[float]:
-    """child[c] = (f_a * a[c] + f_b * b[c]) / (f_a + f_b); the plain mean when both are 0."""
+    """child[c] = (f_a * a[c] + f_b * b[c]) / (f_a + f_b); the plain mean when both are 0.
+    Fitness is never negative, so the child lies between its bounded parents; the clamp
+    only takes back the last bit rounding can add (30 and 30 can average 30.000000000000004)."""
     total = fitness_a + fitness_b
     if total == 0:
-        return [(x + y) / 2 for x, y in zip(a, b, strict=True)]
-    return [(fitness_a * x + fitness_b * y) / total for x, y in zip(a, b, strict=True)]
+        return [clamp((x + y) / 2) for x, y in zip(a, b, strict=True)]
+    return [clamp((fitness_a * x + fitness_b * y) / total) for x, y in zip(a, b, strict=True)]
 
 
 def append_summary(scratchpad: str, summary: str) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from compressor_2.config import Config
-from compressor_2.deltas import load_deltas, to_list
+from compressor_2.deltas import clamp_rows, load_deltas, to_list
 from compressor_2.run.budget import Cost
 from compressor_2.run.services import Run
 from compressor_2.strategies import options_of
@@ -50,7 +50,7 @@ class RandomSampler:
             noise = np.random.uniform(-self.scale, self.scale, shape)
         else:
             noise = np.random.normal(0.0, self.scale, shape)
-        return (np.asarray(self.centre) + noise).tolist()
+        return clamp_rows((np.asarray(self.centre) + noise).tolist())
 
     def tell(self, batch: Sequence[Sequence[float]], fitness: Sequence[float]) -> list[int]:
         return []  # every draw is independent of what came before

@@ -37,10 +37,24 @@ test_sglang_contract.py checks those parts against SGLang's own code):
   /get_server_info (the flags: speculative_algorithm, enable_deterministic_inference,
   context_length, ...), /model_info and /get_model_info (model_path as given,
   preferred_sampling_params), /v1/models (max_model_len).
+- Deterministic inference as SGLang resolves it at start-up, on the GPU `nvidia-smi`
+  reports (as SGLang asks CUDA; none: no GPU constraint): without --attention-backend
+  the fallback is flashinfer on SM100/SM120 and fa3 elsewhere; flashinfer (any backend
+  but fa3, fa4, triton, ascend) turns the radix cache off; fa3 on a GPU outside
+  SM80-SM90 dies at start-up with SGLang's assertion. /server_info reports the resolved
+  attention_backend and disable_radix_cache.
+- --fake-without-compressor-2: the server's Python cannot import compressor_2 (the
+  package is hidden from its import system), as on a server where it is not installed.
 - For the tests: GET /fake_stats (request counts, requests in flight, processor calls
-  and rows per call) and --fake-request-log FILE (one JSON line per POST). For the
-  router benchmark: --fake-generate-delay D with --fake-max-running K, a worker that
-  takes D seconds per request and serves at most K at once.
+  and rows per call, prompt tokens prefilled) and --fake-request-log FILE (one JSON line
+  per POST); --fake-stall N,M,...: the N-th, M-th, ... generation requests to arrive sit
+  unanswered for STALL seconds (past a client's timeout), then are served. For the router
+  benchmark: --fake-generate-delay D with --fake-max-running K, a worker that takes D
+  seconds per request and serves at most K at once; --fake-prefill-per-token S with
+  --fake-prefix-cache T, a worker that spends S seconds on every prompt token it has not
+  cached, and caches the prompts it saw, the least recently used dropped past T tokens
+  (the prefix of a prompt matched against the longest cached one, as a radix cache
+  matches).
 
 The "model" is a deterministic toy over the tokenizer in --model-path: fixed random
 logits per (prompt, position), with an EOS logit that rises with the position, so a
@@ -53,7 +67,9 @@ different ports are independent processes.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
+import importlib
 import json
 import math
 import os
@@ -89,6 +105,13 @@ SAMPLING_FIELDS: dict[str, str] = {
     "watermark": "any", "choice": "any",
 }
 TOP_K_ALL = 1 << 30
+STALL = 30.0  # seconds a --fake-stall-first request waits: far past any test's request timeout
+# SGLang 0.5.23's deterministic inference (arg_groups/choices.py, overrides.py, attention_hook.py,
+# attention_registry.py; tests/test_sglang_contract.py holds these to its code).
+DETERMINISTIC_BACKENDS = ("ascend", "fa3", "fa4", "flashinfer", "intel_xpu", "triton")
+RADIX_DETERMINISTIC_BACKENDS = ("ascend", "fa3", "fa4", "triton")
+FLASHINFER_FALLBACK_MAJORS = (10, 12)
+FA3_ASSERTION = "FlashAttention v3 Backend requires SM>=80 and SM<=90. Please use `--attention-backend flashinfer`."
 # SGLang's CompletionRequest fields that its _build_sampling_params maps into sampling
 # params (completions name -> sampling name), with the request's defaults: every one of
 # them reaches the merge, None included, so the preferred params never fill them.
@@ -113,6 +136,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--enable-custom-logit-processor", action="store_true")
     parser.add_argument("--enable-deterministic-inference", action="store_true")
+    parser.add_argument("--attention-backend", default=None)
+    parser.add_argument("--disable-radix-cache", action="store_true")
     parser.add_argument("--speculative-algorithm", default=None)
     parser.add_argument("--context-length", type=int, default=None)
     parser.add_argument("--preferred-sampling-params", default=None, help="a JSON object")
@@ -130,6 +155,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--fake-max-running", type=int, default=None, metavar="K",
                         help="at most K requests past admission at once (the others wait)")
     parser.add_argument("--fake-step-delay", type=float, default=0.0, help="seconds per decode step")
+    parser.add_argument("--fake-stall", type=lambda text: {int(n) for n in text.split(",")}, default=set(),
+                        metavar="N,M", help="these generation requests (by arrival) wait STALL seconds")
+    parser.add_argument("--fake-prefill-per-token", type=float, default=0.0, metavar="S",
+                        help="seconds per prompt token not in the prefix cache")
+    parser.add_argument("--fake-prefix-cache", type=int, default=0, metavar="T",
+                        help="tokens of prompts the prefix cache holds (least recently used dropped)")
+    parser.add_argument("--fake-without-compressor-2", action="store_true",
+                        help="hide compressor_2 from this server's imports")
     parser.add_argument("--fake-steer-first-token-only", action="store_true",
                         help="apply processors to an answer's first token only, and not say so")
     parser.add_argument("--fake-request-log", type=Path, default=None, help="append each POST as a JSON line")
@@ -334,6 +367,72 @@ class Scheduler:
         return int(torch.multinomial(torch.softmax(scaled, -1), 1, generator=r.generator))
 
 
+def gpu_capability() -> tuple[int, int] | None:
+    """The first GPU's compute capability as `nvidia-smi` gives it (SGLang asks CUDA), or
+    None on a machine without it."""
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=30)
+        major, minor = done.stdout.split()[0].split(".")
+        return int(major), int(minor)
+    except (OSError, IndexError, ValueError, subprocess.TimeoutExpired):
+        return None
+
+
+def resolve_attention(args: argparse.Namespace, capability: tuple[int, int] | None) -> tuple[str | None, bool]:
+    """(attention backend, radix cache off) as SGLang resolves them at start-up."""
+    backend, radix_off = args.attention_backend, args.disable_radix_cache
+    if args.enable_deterministic_inference:
+        if backend is None:
+            backend = "flashinfer" if capability and capability[0] in FLASHINFER_FALLBACK_MAJORS else "fa3"
+        elif backend not in DETERMINISTIC_BACKENDS:
+            raise SystemExit(f"ValueError: Currently only {list(DETERMINISTIC_BACKENDS)} attention backends are "
+                             f"supported for deterministic inference, but you explicitly specified '{backend}'.")
+        radix_off = radix_off or backend not in RADIX_DETERMINISTIC_BACKENDS
+    if backend == "fa3" and capability and capability[0] not in (8, 9):
+        raise SystemExit(f"AssertionError: {FA3_ASSERTION}")
+    return backend, radix_off
+
+
+def hide_package(name: str) -> None:
+    """Make `name` unimportable here, as where it is not installed: no path entry holds it,
+    and no finder (an editable install's) finds it."""
+    sys.path[:] = [entry for entry in sys.path if not (Path(entry or ".") / name).exists()]
+    importlib.invalidate_caches()
+    sys.meta_path[:] = [finder for finder in sys.meta_path
+                        if getattr(finder, "find_spec", None) is None or _finds(finder, name) is None]
+
+
+def _finds(finder: Any, name: str) -> Any:
+    try:
+        return finder.find_spec(name, None)
+    except Exception:  # noqa: BLE001 - a finder that cannot answer does not provide it
+        return None
+
+
+class PrefixCache:
+    """A radix cache as prefill sees it: the prompts seen, matched by their longest common
+    prefix, the least recently used dropped past `capacity` tokens."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.prompts: collections.OrderedDict[tuple[int, ...], None] = collections.OrderedDict()
+        self.tokens = 0
+
+    def uncached(self, ids: list[int]) -> int:
+        """Tokens of `ids` to prefill; then `ids` is cached."""
+        prompt = tuple(ids)
+        matched = max((len(os.path.commonprefix([prompt, seen])) for seen in self.prompts), default=0)
+        if prompt in self.prompts:
+            self.prompts.move_to_end(prompt)
+        elif len(prompt) <= self.capacity:
+            self.prompts[prompt] = None
+            self.tokens += len(prompt)
+            while self.tokens > self.capacity:
+                self.tokens -= len(self.prompts.popitem(last=False)[0])
+        return len(prompt) - matched
+
+
 class FakeServer:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -350,6 +449,9 @@ class FakeServer:
         self.max_rows_per_call = 0
         slots = args.fake_max_running
         self.running_slots = threading.BoundedSemaphore(slots) if slots else contextlib.nullcontext()
+        self.attention_backend, self.radix_off = resolve_attention(args, gpu_capability())
+        self.prefix_cache = PrefixCache(args.fake_prefix_cache)
+        self.prefilled_tokens = 0
         self.scheduler = Scheduler(self)
 
     def model(self) -> ToyModel:
@@ -371,7 +473,7 @@ class FakeServer:
             return {"generate_requests": self.generate_requests, "max_in_flight": self.max_in_flight,
                     "processor_strings": len(self.processors), "processor_calls": self.processor_calls,
                     "max_rows_per_call": self.max_rows_per_call, "host": self.args.host,
-                    "port": self.args.port, "pid": os.getpid()}
+                    "port": self.args.port, "pid": os.getpid(), "prefilled_tokens": self.prefilled_tokens}
 
     def count_call(self, rows: int) -> None:
         with self.lock:
@@ -384,6 +486,7 @@ class FakeServer:
         return {"model_path": args.model_path, "host": args.host, "port": args.port,
                 "speculative_algorithm": args.speculative_algorithm,
                 "enable_deterministic_inference": args.enable_deterministic_inference,
+                "attention_backend": self.attention_backend, "disable_radix_cache": self.radix_off,
                 "enable_custom_logit_processor": args.enable_custom_logit_processor,
                 "context_length": args.context_length,
                 "preferred_sampling_params": args.preferred_sampling_params,
@@ -464,14 +567,17 @@ class FakeServer:
         (status, SGLang's message)."""
         with self.lock:
             self.generate_requests += 1
+            arrived = self.generate_requests
             # Under the lock, so that exactly the first request past the limit crashes and
             # names itself last in the log: concurrent ones wait here until the exit.
-            self._maybe_crash(self.generate_requests)
+            self._maybe_crash(arrived)
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
             if spec is not None and not self.args.enable_custom_logit_processor:
                 return 400, FLAG_MISSING
+            if arrived in self.args.fake_stall:
+                time.sleep(STALL)
             with self.running_slots:
                 time.sleep(self.args.fake_generate_delay)
                 return self._generate(text, input_ids, sampling, spec, rid)
@@ -498,6 +604,7 @@ class FakeServer:
         if problem is not None:
             return 400, problem
         max_new = 128 if max_new is None else max_new
+        self._prefill(ids)
         # The scheduler's silent cut: max_req_len = context - 1, minus one more.
         max_new = max(0, min(max_new, (self.context - 1) - len(ids) - 1))
         rid = rid or uuid.uuid4().hex
@@ -526,6 +633,16 @@ class FakeServer:
             "meta_info": {"id": rid, "prompt_tokens": len(ids), "completion_tokens": len(request.output),
                           "finish_reason": request.finish},
         }
+
+    def _prefill(self, ids: list[int]) -> None:
+        """The prompt's prefill: its tokens past the longest cached prefix, at the cost given
+        (none unless --fake-prefill-per-token)."""
+        if not self.args.fake_prefill_per_token:
+            return
+        with self.lock:
+            uncached = self.prefix_cache.uncached(ids)
+            self.prefilled_tokens += uncached
+        time.sleep(uncached * self.args.fake_prefill_per_token)
 
     def log_request(self, path: str, body: Any) -> None:
         if self.args.fake_request_log is not None:
@@ -599,6 +716,8 @@ class IPv6HTTPServer(QuietHTTPServer):
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
     print(f"fake sglang pid {os.getpid()} host {args.host} port {args.port}", flush=True)
+    if args.fake_without_compressor_2:
+        hide_package("compressor_2")
     if args.fake_ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if args.fake_child:

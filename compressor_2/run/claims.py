@@ -1,0 +1,89 @@
+"""The run's claims with their confidence: two ways of answering (an arm: a genome, that
+genome's answers cut at a token cap, or the genome with an instruction added to every
+prompt) on the same questions of a split, their answers read from the archive (the
+search's and the checks') and paired per question (compressor_2/run/confidence.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from compressor_2.archive.database import Answer, CheckStore, RunArchive
+from compressor_2.config import Config
+from compressor_2.data.example import Example
+from compressor_2.fitness import example_key
+from compressor_2.run.confidence import LEVEL, Paired, compare, identical
+
+TRAINING, HELDOUT = "training", "heldout"
+INSTRUCTED = "+instruction"  # an instructed example's id: the example's and this
+
+
+@dataclass(frozen=True)
+class Arm:
+    genome: str  # genome_key of the deltas
+    cap: int | None = None  # the answers cut at this many tokens (and judged again)
+    instruction: str = ""  # added to every prompt
+
+
+def instructed(examples: Sequence[Example], instruction: str) -> tuple[Example, ...]:
+    """The examples with `instruction` after each prompt, in the same chat template: other
+    prompts, so other answers to the cache (and another id to the engine's prompt check)."""
+    return tuple(dataclasses.replace(ex, id=f"{ex.id}{INSTRUCTED}", prompt=f"{ex.prompt}\n\n{instruction}")
+                 for ex in examples)
+
+
+def cap_context(context: str, cap: int) -> str:
+    """Where the answers cut at `cap` tokens are kept: beside the run's own answer context."""
+    return f"{context}:cap{cap}"
+
+
+class Claims:
+    """Arms paired on the training pool or the held-out questions, at one confidence level.
+    Each genome's answers are read once."""
+
+    def __init__(self, archive: RunArchive, pool: Sequence[Example], heldout: Sequence[Example],
+                 level: float = LEVEL) -> None:
+        self._store = CheckStore(archive)
+        self.context = archive.meta("context", "") or ""
+        self.examples = {TRAINING: tuple(pool), HELDOUT: tuple(heldout)}
+        self.level = level
+        self._read: dict[tuple[str, str], dict[str, Answer]] = {}
+
+    @classmethod
+    def of_config(cls, config: Config, archive: RunArchive, level: float = LEVEL) -> Claims:
+        """The run's claims, on its training pool and held-out questions as the config names them."""
+        from compressor_2.data.financebench import examples_from_config, holdout_examples
+
+        pool = examples_from_config(config)
+        return cls(archive, pool, holdout_examples(config, pool), level)
+
+    def _answers(self, genome: str, context: str) -> dict[str, Answer]:
+        if (genome, context) not in self._read:
+            self._read[genome, context] = self._store.answers_for(genome, context)
+        return self._read[genome, context]
+
+    def outcomes(self, arm: Arm, split: str) -> list[Answer | None]:
+        """The arm's answer to each question of `split`, in order (None: not answered)."""
+        examples = self.examples[split]
+        if arm.instruction:
+            examples = instructed(examples, arm.instruction)
+        answers = self._answers(arm.genome, self.context)
+        found = [answers.get(example_key(ex)) for ex in examples]
+        if arm.cap is None:
+            return found
+        # An answer within the cap is the capped answer too; only longer ones were cut.
+        cut = self._answers(arm.genome, cap_context(self.context, arm.cap))
+        return [a if a is None or a.tokens <= arm.cap else cut.get(example_key(ex)) for ex, a in zip(examples, found)]
+
+    def paired(self, reference: Arm, other: Arm, split: str) -> Paired | None:
+        """`other` against `reference` on the questions of `split` both answered; None if none."""
+        pairs = [(r, o) for r, o in zip(self.outcomes(reference, split), self.outcomes(other, split))
+                 if r is not None and o is not None]
+        if not pairs:
+            return None
+        if reference == other:
+            return identical([(r.tokens, r.is_correct) for r, _ in pairs], self.level)
+        return compare([(r.tokens, r.is_correct) for r, _ in pairs], [(o.tokens, o.is_correct) for _, o in pairs],
+                       self.level)
