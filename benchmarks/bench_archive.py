@@ -1,5 +1,5 @@
-"""The run archive's cost: its share of a defconfig run's wall time, and its two hot
-operations timed directly.
+"""The run archive's cost: its share of a defconfig run's wall time, its two hot
+operations timed directly, and what drawing the run from it costs as it grows.
 
 1. `evolve` in this process on the repository's `defconfig` (the shipped demo model,
    population 8, 60 training examples, the local reflector), shortened to
@@ -15,11 +15,20 @@ operations timed directly.
    transaction, and the `cached` look-up of the same 8 genomes x 60 examples, per
    call, as the table grows to 50 generations (24,000 rows): median and slowest.
 
-Run: .venv/bin/python benchmarks/bench_archive.py
+3. What the run shows (tree.json and evolution_tree.png, the fitness and lengths plots,
+   front.png, report.html) drawn once from archives of 1,000, 10,000 and 100,000
+   candidates in the GA's shape (per generation 7 offspring and 5 mutated children, the
+   population of 8 placed), next to the defconfig run's mean generation: the share of a
+   run's wall time drawing would take after every step, and the share on the run's clock
+   (run/outputs.py: a drawing waits until the run has worked 1 / SHARE - 1 times as long
+   as the last one took), with the share measured in the defconfig run of part 1.
+
+Run: .venv/bin/python benchmarks/bench_archive.py [--sizes 1000,10000,100000]
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import random
 import statistics
@@ -27,6 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -36,7 +46,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from compressor_2.archive import database  # noqa: E402
-from compressor_2.archive.database import Answer, RunArchive, genome_key  # noqa: E402
+from compressor_2.archive.database import Answer, Candidate, Placement, RunArchive, Spot, genome_key  # noqa: E402
+from compressor_2.run import outputs  # noqa: E402
 
 NGEN = 4
 TARGET = 0.02
@@ -44,9 +55,10 @@ GENOMES, EXAMPLES, GENERATIONS = 8, 60, 50
 CLUSTERS = 12  # the defconfig's cluster count
 
 
-def defconfig_run(tmp: Path) -> tuple[float, float, float, int, int]:
+def defconfig_run(tmp: Path) -> tuple[float, float, float, int, int, float, float]:
     """(seconds inside the archive's methods, seconds opening and closing it, the run's
-    wall seconds, evaluations rows, candidates) of a shortened defconfig run."""
+    wall seconds, evaluations rows, candidates, seconds drawing the run's outputs between
+    steps and in all) of a shortened defconfig run."""
     from compressor_2.config import load_config
     from compressor_2.evolve import evolve
 
@@ -74,18 +86,32 @@ def defconfig_run(tmp: Path) -> tuple[float, float, float, int, int]:
         archive.close = timed_close  # type: ignore[method-assign]
         return archive
 
+    drawing = [0.0, 0.0]  # between steps, in all
+    draw, after_step = outputs.Refresh.draw, outputs.Refresh.after_step
+
+    def timed(method: Any, slot: int) -> Any:
+        def run(self: outputs.Refresh, history: list) -> Any:
+            started = time.perf_counter()
+            try:
+                return method(self, history)
+            finally:
+                drawing[slot] += time.perf_counter() - started
+        return run
+
     database.RunArchive.open = classmethod(keep)  # type: ignore[method-assign, assignment]
+    outputs.Refresh.draw, outputs.Refresh.after_step = timed(draw, 1), timed(after_step, 0)  # type: ignore
     try:
         started = time.perf_counter()
         evolve(load_config(config_path))
         wall = time.perf_counter() - started
     finally:
         database.RunArchive.open = classmethod(original)  # type: ignore[method-assign, assignment]
+        outputs.Refresh.draw, outputs.Refresh.after_step = draw, after_step  # type: ignore[method-assign]
     assert len(opened) == 1, f"expected one archive, the run opened {len(opened)}"
     check = RunArchive.open_read_only(tmp / "run" / database.ARCHIVE_FILE)
     rows, candidates = check.metric_calls(), len(check.candidates())
     check.close()
-    return opened[0].seconds, open_close[0], wall, rows, candidates
+    return opened[0].seconds, open_close[0], wall, rows, candidates, drawing[0], drawing[1]
 
 
 def hot_operations(tmp: Path) -> tuple[list[float], list[float]]:
@@ -111,12 +137,47 @@ def hot_operations(tmp: Path) -> tuple[list[float], list[float]]:
     return stores, lookups
 
 
+def grown_archive(path: Path, size: int) -> tuple[RunArchive, list[dict[str, float]]]:
+    """An archive of `size` candidates in the GA's shape, and its history."""
+    rng, archive = random.Random(0), RunArchive.open(path)
+    history, population, g = [], [], 0
+    while archive.last_candidate_id() < size:
+        made = archive.add([Candidate({str(k): round(rng.gauss(0, 1), 4) for k in range(CLUSTERS)}, "",
+                                      "mutation" if i >= 7 else "crossover", tuple(population[:2]), "ga", g,
+                                      fitness=rng.uniform(0.8, 0.95), mean_tokens=rng.uniform(8, 35),
+                                      correctness=rng.uniform(0.9, 1.0)) for i in range(12)])
+        ids = [c.id or 0 for c in made]
+        population = rng.sample(ids, 8)
+        archive.place([*(Placement(c, Spot(g, "pre", j)) for j, c in enumerate(ids[:7])),
+                       *(Placement(c, Spot(g, "mut", j)) for j, c in enumerate(ids[7:])),
+                       *(Placement(c, Spot(g + 1, "pop", i)) for i, c in enumerate(population))], g)
+        history.append({"generation": g, "best_fitness": 0.95, "mean_fitness": 0.9, "best_ever_fitness": 0.95,
+                        "mean_tokens": 20.0, "best_mean_tokens": 9.0})
+        g += 1
+    return archive, history
+
+
+def drawing_seconds(tmp: Path, size: int) -> float:
+    """One drawing of everything the run shows from an archive of `size` candidates."""
+    folder = tmp / f"grown_{size}"
+    folder.mkdir()
+    archive, history = grown_archive(folder / "run.sqlite", size)
+    refresh = outputs.Refresh(archive, folder, [], [], None)
+    refresh.draw(history)
+    archive.close()
+    return refresh.seconds
+
+
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1000,10000,100000", help="archive sizes drawn in part 3")
+    sizes = [int(n) for n in parser.parse_args().sizes.split(",")]
     os.chdir(REPO)  # the defconfig's paths are relative to the repository
     with tempfile.TemporaryDirectory(prefix="bench_archive_") as name:
         tmp = Path(name)
         stores, lookups = hot_operations(tmp)
-        methods_s, open_close_s, wall_s, rows, candidates = defconfig_run(tmp)
+        methods_s, open_close_s, wall_s, rows, candidates, between_s, drawn_s = defconfig_run(tmp)
+        drawings = [drawing_seconds(tmp, size) for size in sizes]
 
     n = GENOMES * EXAMPLES
     print(f"\n1. defconfig, CONFIG_NGEN={NGEN} (population 8, 60 training examples), in process")
@@ -132,6 +193,16 @@ def main() -> int:
         median = statistics.median(times)
         print(f"   {label:<24} median {1e3 * median:6.2f} ms a call ({1e6 * median / n:5.1f} us an answer), "
               f"slowest {1e3 * max(times):6.2f} ms")
+
+    step = wall_s / NGEN
+    print(f"\n3. drawing what the run shows, against the defconfig's {step:.1f} s a generation")
+    print(f"   {'candidates':>10}  {'one drawing':>11}  {'every step':>10}  {'on the clock':>12}")
+    for size, drawing in zip(sizes, drawings):
+        clocked = drawing / (drawing + max(step, drawing * (1 / outputs.SHARE - 1)))
+        print(f"   {size:>10,}  {drawing:>9.2f} s  {drawing / (drawing + step):>10.1%}  {clocked:>12.2%}")
+    print(f"   RATIO one drawing {sizes[-1]:,} / {sizes[0]:,} candidates: {drawings[-1] / drawings[0]:.1f}x")
+    print(f"   measured in part 1's run of {wall_s:.1f} s: {between_s:.2f} s between steps ({between_s / wall_s:.2%}), "
+          f"{drawn_s:.2f} s in all ({drawn_s / wall_s:.2%}: the drawing when the run stops included)")
     return 0 if share <= TARGET else 1
 
 

@@ -10,9 +10,10 @@ built once per (cluster count, seed) and shared by the strategies. Per run it re
 - the area under that curve, as the mean incumbent fitness over [0, budget];
 - the metric calls needed to reach 95% of the best improvement over the initial deltas
   that any strategy reached on that seed and cluster count;
-- the final best: the incumbent once the budget is spent. A run stops at the end of the
-  step in which it reaches the budget, so it may overshoot by a step; what it found
-  after the budget does not count here;
+- the final best: the incumbent once the budget is spent. A run stops inside the step in
+  which it reaches the budget, before that step's next fresh answers, so it may overshoot
+  by the one evaluation that crossed it; what it found after the budget does not count
+  here;
 - that incumbent's held-out mean tokens and correctness (`evaluate` on `--heldout`);
 - reflector tokens and wall time.
 Writes `results.json` (every run) and `anytime.png` (mean and spread of the curves per
@@ -128,7 +129,7 @@ def anytime_curve(config: Any) -> list[tuple[int, float, dict[str, float]]]:
     try:
         stamps = archive.answer_times()
         incumbents, best = [], None
-        for c in archive.candidates("status = 'evaluated' AND fitness IS NOT NULL"):
+        for c in archive.assessed():
             if best is None or c.fitness > best.fitness:
                 best = c
                 incumbents.append((bisect.bisect_right(stamps, c.created), c))

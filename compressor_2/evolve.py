@@ -1,16 +1,21 @@
-"""`python -m compressor_2 evolve`: the run's services composed, and the strategy that uses them.
+"""`python -m compressor_2 evolve`: preflight, open the run, drive it, close it.
 
-`evolve` locks the run directory, opens the run archive (recording the run's identity at
-its start, comparing it on a resume: see run/identity.py), builds the evaluator (answers
-cached in the archive), the reflector (every call recorded in it), the budget and the
-best-ever tracker, warns when the budget cannot pay for three steps, and hands them to
-the strategy named by CONFIG_STRATEGY. The strategy returns why it stopped; that reason
-goes to the archive's events and onto the final line. A run whose reflector answered and
-never validly is a failure (exit 1), whatever stopped it. Then, outside the search and its
-budget, the held-out check (CONFIG_HOLDOUT_*) measures the best, the front and the
-unsteered baseline, and the simpler tools (CONFIG_COMPARE_SIMPLE) are measured around it;
-the run ends with their lines. A Ctrl+C skips them (the next run of the same command
-makes them, from the cache where it can).
+- Preflight, under the run directory's lock and before anything is written or rebuilt:
+  the output and cluster paths, a directory of a compressor_2 before the archive, the
+  settings a resumed run was started with (the clusters' own among them: a refused resume
+  leaves every file as it was, the clusters included); then the clusters are built (or
+  reused), the initial deltas checked against them, the training pool and held-out
+  questions read.
+- Opening the run: the run archive (its identity recorded at the run's start, compared on
+  a resume: see run/identity.py), the evaluator (answers cached in the archive), the
+  reflector (every call recorded in it), the budget and the best-ever tracker, and a
+  warning when the budget cannot pay for three steps.
+- Driving: the strategy named by CONFIG_STRATEGY, through the run's driver
+  (run/driver.py), which returns why it stopped.
+- Closing: outside the search and its budget, the held-out check (CONFIG_HOLDOUT_*)
+  measures the best, the front and the unsteered baseline, and the simpler tools
+  (CONFIG_COMPARE_SIMPLE) are measured around it; the run ends with their lines. A Ctrl+C
+  skips them (the next run of the same command makes them, from the cache where it can).
 
 Whatever the exit (done, a budget, Ctrl+C, a failure), the reflector abandons its calls in
 flight first, and then every thread pool of the run is stopped: `evolve` returns within
@@ -22,135 +27,170 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from compressor_2.archive.database import ARCHIVE_FILE, CheckStore, RunArchive
 from compressor_2.atomic import remove_orphans
 from compressor_2.config import Config
-from compressor_2.deltas import check_fingerprint, fingerprint_path, load_deltas
-from compressor_2.errors import ConfigError, RunError
+from compressor_2.data.example import Example
+from compressor_2.deltas import Deltas, check_fingerprint, fingerprint_path, load_deltas
+from compressor_2.errors import ConfigError
 from compressor_2.fitness import Evaluator, answer_context
 from compressor_2.interrupts import signals_ignored, stop_on_first_signal
 from compressor_2.reflector.prompt_log import PROMPT_DIR
 from compressor_2.run.best import DELTAS_BEST, PROCESSOR_BEST, BestEver
 from compressor_2.run.budget import Budget, Limits, shortfall
 from compressor_2.run.checks import Checks
-from compressor_2.run.identity import RunInputs, check_identity
+from compressor_2.run.driver import drive
+from compressor_2.run.identity import RunInputs, check_identity, check_settings
 from compressor_2.run.lock import run_lock
+from compressor_2.run.outputs import refresh_outputs
 from compressor_2.run.plots import FRONT_PLOT
-from compressor_2.run.progress import CallWatch, say
+from compressor_2.run.progress import say
 from compressor_2.run.services import Run
 from compressor_2.run.simpler import instructed_examples, simpler_options
 from compressor_2.run.workers import Workers
 from compressor_2.run_directory import check_cluster_outputs, check_output_dir
-from compressor_2.strategies import load_strategy
+from compressor_2.strategies import Strategy, load_strategy
+
+if TYPE_CHECKING:
+    from compressor_2.clusters.clusterset import ClusterSet
+    from compressor_2.clusters.tokens import AnswerTokens
+    from compressor_2.engines.registry import LazyEngine
+    from compressor_2.reflector.base import Reflector
 
 # Files a run directory of an earlier compressor_2 (before the archive) holds.
 PRE_ARCHIVE_FILES = ("evolution_state.json", "history.json")
 
 
+@dataclass(frozen=True)
+class Inputs:
+    """What preflight read: the clusters, the training pool, the held-out questions, the
+    initial deltas, and the fingerprint of the settings that make an answer."""
+
+    clusters: ClusterSet
+    digest: str  # cluster_map_digest
+    examples: tuple[Example, ...]
+    heldout: tuple[Example, ...]
+    initial: Deltas
+    context: str
+
+
 def evolve(config: Config) -> None:
+    strategy = load_strategy(config.strategy)
+    with preflight(config) as inputs, open_run(config, inputs, strategy) as (run, checks):
+        reason = drive(run, strategy.make(run))
+        close(run, checks, reason)
+
+
+@contextlib.contextmanager
+def preflight(config: Config) -> Iterator[Inputs]:
+    """Everything checked before any work, under the run directory's lock (held until the
+    run ends); nothing is written or rebuilt before a resume's settings are compared."""
     from compressor_2.clusters.build import build_clusters
     from compressor_2.clusters.clusterset import cluster_map_digest
-    from compressor_2.clusters.tokens import AnswerTokens
     from compressor_2.data.financebench import examples_from_config, holdout_examples
-    from compressor_2.engines.registry import LazyEngine
-    from compressor_2.judges.registry import make_judge
-    from compressor_2.reflector.registry import make_reflector
-    from compressor_2.steering.generate import generate_processor
 
     out = config.output_dir
-    strategy = load_strategy(config.strategy)
     check_output_dir(out)
     check_cluster_outputs(config)
     with run_lock(out):
-        _remove_orphans(out)
         _refuse_pre_archive_directory(out)
+        examples = tuple(examples_from_config(config))
+        _refuse_changed_settings(out, config, examples)
+        _remove_orphans(out)
         clusters = build_clusters(config)
-        ids = list(clusters.cluster_ids)
         digest = cluster_map_digest(clusters)
         sidecar = fingerprint_path(config.initial_deltas_path)
         check_fingerprint(config.initial_deltas_path, digest, force=False,
                           override=f"delete '{sidecar}' to start from these deltas anyway")
-        examples = tuple(examples_from_config(config))
         heldout = tuple(holdout_examples(config, examples))
-        initial = load_deltas(config.initial_deltas_path, ids)
-        context = answer_context(answer_settings(config, clusters.fingerprint))
-        archive = open_archive(out, config, RunInputs(digest, examples, initial), context)
-        workers = Workers()
-        reflector, engine, budget, run, stopped = None, None, None, None, False
-        try:
-            with stop_on_first_signal():
-                # A missing API key stops us here, before the model loads.
-                tokens = AnswerTokens.from_config(config, clusters)
-                reflector = make_reflector(config, clusters, recorder=archive.record_call, tokens=tokens)
-                # Every prompt the run will send, the checks' too: checked before any work.
-                prompts = (*examples, *heldout, *instructed_examples(config, (*examples, *heldout)))
-                engine = LazyEngine(config, clusters, {e.id: e.prompt for e in prompts})
-                archive.set_meta({"context": context})  # `show` reads this run's answers under it
-                judge = make_judge(config)
-                # The search's and the checks' evaluators differ only in where answers are kept.
-                evaluator_on = functools.partial(Evaluator, engine, judge, examples, config.lambda_shortness,
-                                                 config.lambda_correctness, config.shortness_scale, context=context,
-                                                 reuse=config.temperature == 0)
-                evaluator = evaluator_on(store=archive)
-                checks = Checks(evaluator_on(store=CheckStore(archive)), archive, examples, heldout, len(ids),
-                                simpler_options(config, ids, tokens))
-                if any(initial.values()):
-                    # The search starts from other deltas than the baseline's: measure the
-                    # baseline apart, before the budget's clock starts.
-                    checks.measure_baseline()
-                budget = Budget(Limits.from_config(config), archive)
-                warning = shortfall(budget.limits, budget.spent(), strategy.estimate(config, len(examples)))
-                if warning:
-                    say(f"warning: {warning}")
-                best = BestEver(out, ids, lambda d, o: quietly(generate_processor, config, deltas_path=d, out=o),
-                                cluster_fingerprint=digest)
-                run = Run(config, ids, examples, archive, evaluator, reflector,
-                          workers.pool(config.reflector_concurrency, "reflector"), budget, best, time.perf_counter(),
-                          workers, tokens, heldout)
-                archive.event("start", strategy=config.strategy, metric_calls=archive.metric_calls())
-                with CallWatch(reflector):
-                    reason = strategy.run(run)
-                run.report_invalid_replies()  # the last step's
-                budget.checkpoint()
-                archive.event("stop", reason=reason)
-                if failure := run.nothing_evolved():
-                    raise RunError(failure)
-                stopped = True
-                # After the search, outside its budget: nothing it drew or decided changes.
-                checked = checks.after_search()
-                report = run.refresh()
-            say(f"the front and the report: {out / FRONT_PLOT}, {report}")
-            say(final_line(reason, best))
-            for line in checks.closing_lines(checked):
-                say(line)
-        except (KeyboardInterrupt, RunError) as exc:
-            with contextlib.suppress(Exception), signals_ignored():
-                if budget is not None and not stopped:
-                    budget.checkpoint()
-                if stopped:
-                    # The search had stopped (and said so in the archive): only the check failed.
-                    if isinstance(exc, KeyboardInterrupt):
-                        say("the checks after the search (held-out, simpler tools) were interrupted: rerun the "
-                            "same command to finish them (the answers they made are cached)")
-                elif isinstance(exc, KeyboardInterrupt):
-                    archive.event("interrupted")
-                else:
-                    archive.event("failed", error=str(exc))
-                if run is not None:
-                    run.refresh()
-            raise
-        finally:
-            if reflector is not None:
-                reflector.close()  # abandons the calls in flight, so that their threads end at once
-            workers.stop()
-            if engine is not None:
-                engine.close()
-            archive.close()
+        initial = load_deltas(config.initial_deltas_path, list(clusters.cluster_ids))
+        yield Inputs(clusters, digest, examples, heldout, initial,
+                     answer_context(answer_settings(config, clusters.fingerprint)))
+
+
+@contextlib.contextmanager
+def open_run(config: Config, inputs: Inputs, strategy: Strategy) -> Iterator[tuple[Run, Checks]]:
+    """The run's services, and the checks beside them; on the way out, whatever the exit,
+    the reflector's calls are abandoned, the thread pools stopped, the engine and the
+    archive closed. Inside, the first Ctrl+C or SIGTERM stops the run, the later ones are
+    ignored."""
+    from compressor_2.clusters.tokens import AnswerTokens
+    from compressor_2.engines.registry import LazyEngine
+    from compressor_2.reflector.registry import make_reflector
+
+    archive = open_archive(config.output_dir, config, RunInputs(inputs.digest, inputs.examples, inputs.initial),
+                           inputs.context)
+    workers, reflector, engine = Workers(), None, None
+    try:
+        with stop_on_first_signal():
+            # A missing API key stops us here, before the model loads.
+            tokens = AnswerTokens.from_config(config, inputs.clusters)
+            reflector = make_reflector(config, inputs.clusters, recorder=archive.record_call, tokens=tokens)
+            # Every prompt the run will send, the checks' too: checked before any work.
+            asked = (*inputs.examples, *inputs.heldout)
+            engine = LazyEngine(config, inputs.clusters,
+                                {e.id: e.prompt for e in (*asked, *instructed_examples(config, asked))})
+            yield services(config, inputs, archive, reflector, engine, tokens, workers, strategy)
+    finally:
+        if reflector is not None:
+            reflector.close()  # abandons the calls in flight, so that their threads end at once
+        workers.stop()
+        if engine is not None:
+            engine.close()
+        archive.close()
+
+
+def services(config: Config, inputs: Inputs, archive: RunArchive, reflector: Reflector, engine: LazyEngine,
+             tokens: AnswerTokens, workers: Workers, strategy: Strategy) -> tuple[Run, Checks]:
+    """The run's services over the opened archive, reflector and engine, and its checks."""
+    from compressor_2.judges.registry import make_judge
+    from compressor_2.steering.generate import generate_processor
+
+    archive.set_meta({"context": inputs.context})  # `show` reads this run's answers under it
+    ids = list(inputs.clusters.cluster_ids)
+    # The search's and the checks' evaluators differ only in where answers are kept.
+    evaluator_on = functools.partial(Evaluator, engine, make_judge(config), inputs.examples, config.lambda_shortness,
+                                     config.lambda_correctness, config.shortness_scale, context=inputs.context,
+                                     reuse=config.temperature == 0)
+    checks = Checks(evaluator_on(store=CheckStore(archive)), archive, inputs.examples, inputs.heldout, len(ids),
+                    simpler_options(config, ids, tokens))
+    if any(inputs.initial.values()):
+        # The search starts from other deltas than the baseline's: measure the baseline
+        # apart, before the budget's clock starts.
+        checks.measure_baseline()
+    budget = Budget(Limits.from_config(config), archive)
+    if warning := shortfall(budget.limits, budget.spent(), strategy.estimate(config, len(inputs.examples))):
+        say(f"warning: {warning}")
+    best = BestEver(config.output_dir, ids, lambda d, o: quietly(generate_processor, config, deltas_path=d, out=o),
+                    cluster_fingerprint=inputs.digest)
+    run = Run(config=config, cluster_ids=ids, examples=inputs.examples, archive=archive,
+              evaluator=evaluator_on(store=archive), reflector=reflector,
+              pool=workers.pool(config.reflector_concurrency, "reflector"), budget=budget, best=best,
+              workers=workers, answer_tokens=tokens, heldout=inputs.heldout)
+    return run, checks
+
+
+def close(run: Run, checks: Checks, reason: str) -> None:
+    """After the search, outside its budget (nothing it drew or decided changes): the
+    held-out check and the simpler tools, then the run's last lines."""
+    try:
+        checked = checks.after_search()
+    except KeyboardInterrupt:
+        with contextlib.suppress(Exception), signals_ignored():
+            say("the checks after the search (held-out, simpler tools) were interrupted: rerun the same command to "
+                "finish them (the answers they made are cached)")
+            refresh_outputs(run.archive, run.out, run.examples, run.heldout)
+        raise
+    report = refresh_outputs(run.archive, run.out, run.examples, run.heldout)
+    say(f"the front and the report: {run.out / FRONT_PLOT}, {report}")
+    say(final_line(reason, run.best))
+    for line in checks.closing_lines(checked):
+        say(line)
 
 
 def final_line(reason: str, best: BestEver) -> str:
@@ -183,6 +223,18 @@ def open_archive(out: Path, config: Config, inputs: RunInputs, context: str) -> 
     return archive
 
 
+def _refuse_changed_settings(out: Path, config: Config, examples: tuple[Example, ...]) -> None:
+    """A resume's settings compared with the run's before anything is written or rebuilt
+    (opening an existing archive writes nothing to it)."""
+    if not (out / ARCHIVE_FILE).exists():
+        return
+    archive = RunArchive.open(out / ARCHIVE_FILE)
+    try:
+        check_settings(archive, config, examples)
+    finally:
+        archive.close()
+
+
 def _remove_orphans(out: Path) -> None:
     """What writers killed mid-write (kill -9) left in the run's directories; the run lock
     keeps every other evolve out of them meanwhile."""
@@ -197,8 +249,8 @@ def _refuse_pre_archive_directory(out: Path) -> None:
     old = [name for name in PRE_ARCHIVE_FILES if (out / name).exists()]
     if old:
         raise ConfigError(f"'{out}' holds a run of a compressor_2 without the run archive ({', '.join(old)}, "
-                          f"no {ARCHIVE_FILE}): finish it with the version that started it, or move the "
-                          "directory away (or choose another CONFIG_OUTPUT_DIR) to start a fresh run")
+                          f"no {ARCHIVE_FILE}): finish it with the version that started it, or move the directory "
+                          "away (or choose another CONFIG_OUTPUT_DIR) to start a fresh run")
 
 
 def quietly(fn: Callable[..., None], *args: Any, **kwargs: Any) -> None:

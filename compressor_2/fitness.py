@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -116,6 +116,8 @@ class Evaluator:
 
     `reuse=False` (sampling, temperature > 0) stores every answer but serves none from
     the cache: a sample is not the genome's answer, so each evaluation draws anew.
+    `gate`, when set, is told how many fresh answers a call needs before any is made, and
+    may refuse them by raising (the run's budget, inside a step).
     """
 
     def __init__(self, engine: Engine, judge: Judge, examples: Sequence[Example],
@@ -133,6 +135,7 @@ class Evaluator:
         self.context = context
         self.reuse = reuse
         self.stats = CacheStats()
+        self.gate: Callable[[int], None] | None = None
 
     def evaluate(self, genomes: Sequence[Sequence[float]], progress: Progress | None = None,
                  examples: Sequence[Example] | None = None) -> list[Evaluation]:
@@ -146,6 +149,8 @@ class Evaluator:
         unique = dict.fromkeys(zip(keys, genomes_t))
         missing = [(key, genome, ex, ex_key) for key, genome in unique
                    for ex, ex_key in zip(chosen, ex_keys) if (key, ex_key) not in answers]
+        if missing and self.gate is not None:
+            self.gate(len(missing))
         fresh_genomes = len({key for key, *_ in missing})
         self.stats.evaluations_run += fresh_genomes
         self.stats.cache_hits += len(keys) - fresh_genomes

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from compressor_2.archive.database import Answer, CallRecord, Candidate, RunArchive, genome_key
+from compressor_2.archive.database import Answer, CallRecord, Candidate, Placement, RunArchive, Spot, genome_key
 from compressor_2.errors import ConfigError, RunError
 from compressor_2.strategies import load_strategy
 
@@ -58,9 +58,9 @@ def test_lineage_queries(archive):
 
 def test_rollback_forgets_an_interrupted_step_but_keeps_answers_and_calls(archive):
     family(archive)
-    archive.place([("g0_pop0", 1, 0, "pop", 0), ("g0_pop1", 2, 0, "pop", 1)], -1)
-    archive.place([("g0_child0_pre", 3, 0, "pre", 0), ("g1_pop0", 3, 1, "pop", 0)], 0)
-    archive.place([("g1_child0_pre", 5, 1, "pre", 0)], 1)
+    archive.place([Placement(1, Spot(0, "pop", 0)), Placement(2, Spot(0, "pop", 1))], -1)
+    archive.place([Placement(3, Spot(0, "pre", 0)), Placement(3, Spot(1, "pop", 0))], 0)
+    archive.place([Placement(5, Spot(1, "pre", 0))], 1)
     archive.store({(genome_key([1.0, -1.0]), "q#1"): Answer("a", 3, True, "ok")}, "ctx", 0)
     archive.record_call(CallRecord("mutation", 4, (), 1, 1, 10, 2, 0.1, "accepted"))
 
@@ -72,6 +72,30 @@ def test_rollback_forgets_an_interrupted_step_but_keeps_answers_and_calls(archiv
     # The next candidate takes the forgotten one's id again.
     assert archive.add([candidate(0.7, "mutation", (3,), 1)])[0].id == 4
     assert archive.integrity() == "ok"
+
+
+def test_one_call_admits_a_steps_candidates_with_their_placements(archive):
+    family(archive)
+    made = archive.admit([candidate(2.0, "mutation", (4,), 1, fitness=0.8), candidate(3.0, "mutation", (4,), 1)],
+                         [Spot(1, "mut", 0), None], [Placement(4, Spot(2, "pop", 0))], 1)
+    assert [c.id for c in made] == [6, 7] and archive.lineage().parents(7) == [4]
+    assert [p[:2] for p in archive.placements()] == [("g1_child0_mut", 6), ("g2_pop0", 4)]
+    assert Placement(9, Spot(3, "cand", 0)).label == "c9" and Placement(9, Spot(3, "pre", 2)).label == "g3_child2_pre"
+    # The named queries a strategy reads the archive with.
+    assert [c.id for c in archive.assessed()] == [1, 2, 3, 4, 6] and [c.id for c in archive.initial()] == [1, 2]
+    assert sorted(archive.among([7, 2, 99])) == [2, 7] and archive.among([]) == {}
+    assert genome_key([3.0, -3.0]) in archive.genomes() and len(archive.genomes()) == 6  # 2 and 5 share a genome
+    assert archive.last_step() == 1 and archive.last_event() is None
+    archive.event("stop", reason="done")
+    assert archive.last_event() == "stop"
+
+
+def test_opening_an_existing_archive_writes_nothing_to_it(tmp_path, archive):
+    family(archive)
+    archive.close()
+    before = (tmp_path / "run.sqlite").read_bytes()
+    RunArchive.open(tmp_path / "run.sqlite").close()
+    assert (tmp_path / "run.sqlite").read_bytes() == before
 
 
 def test_the_answer_cache_is_keyed_by_genome_example_and_context(archive):
@@ -114,4 +138,4 @@ def test_missing_and_foreign_files_are_clear_errors(tmp_path):
 def test_an_unknown_strategy_names_its_module():
     with pytest.raises(ConfigError, match="CONFIG_STRATEGY='nope' has no module compressor_2/strategies/nope.py"):
         load_strategy("nope")
-    assert callable(load_strategy("ga").run)
+    assert callable(load_strategy("ga").make)

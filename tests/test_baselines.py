@@ -60,9 +60,9 @@ def test_a_restored_cma_es_proposes_what_the_original_would_have():
     assert np.array_equal(restored.strategy.BD, original.strategy.BD)
 
 
-@pytest.mark.parametrize("symbols, step, size", [(RANDOM, "batch", 4), (CMAES, "generation", 8)])
+@pytest.mark.parametrize("symbols, steps, size", [(RANDOM, "batches", 4), (CMAES, "generations", 8)])
 def test_each_batch_is_one_engine_call_and_becomes_archived_candidates(tmp_path, shared, tiny_model_dir,
-                                                                      monkeypatch, symbols, step, size):
+                                                                      monkeypatch, symbols, steps, size):
     calls = []
     generate = TransformersEngine.generate
 
@@ -82,7 +82,7 @@ def test_each_batch_is_one_engine_call_and_becomes_archived_candidates(tmp_path,
     assert rows == [("initial", -1, 1)] + [(name, g, size) for g in range(3)]
     history = read_json(out / "history.json")
     assert [h["generation"] for h in history] == [0, 1, 2]
-    assert history[-1]["stop_reason"] == f"all 3 {step}s ran"
+    assert history[-1]["stop_reason"] == f"all 3 {steps} ran"
     assert history[-1]["best_ever_fitness"] == max(f for (f,) in query(out, "SELECT fitness FROM candidates"))
     assert (out / "deltas_best.json").exists() and (out / "evolution_tree.png").exists()
 

@@ -121,15 +121,15 @@ def test_good_config_loads_typed_values(tmp_path: Path) -> None:
         "CONFIG_REFLECTOR_OPENAI=y\n"
     ))
     config = load_config(path)
-    assert config.population_size == 8 and isinstance(config.population_size, int)
-    assert config.cxpb == 0.5 and isinstance(config.cxpb, float)
+    assert config.ga.population_size == 8 and isinstance(config.ga.population_size, int)
+    assert config.ga.cxpb == 0.5 and isinstance(config.ga.cxpb, float)
     assert config.lambda_shortness == pytest.approx(0.25)
     assert config.lambda_correctness == pytest.approx(0.75)
     assert config.engine == "sglang"
     assert config.sglang_urls == ("http://127.0.0.1:30000", "http://127.0.0.1:30001")
     assert config.sglang_allow_remote is False and config.sglang_api == "auto"
-    assert config.selection == "truncation" and config.truncation_top_k == 3
-    assert config.tournament_size is None
+    assert config.ga.selection == "truncation" and config.ga.truncation_top_k == 3
+    assert config.ga.tournament_size is None
     assert config.judge == "hybrid" and config.judge_api_key_env == "OPENAI_API_KEY"
     assert config.reflector == "openai" and config.reflector_model == "gpt-4o"
     assert config.pool_indices == "0,3,5-9"

@@ -219,14 +219,14 @@ def test_gepa_needs_a_metric_call_budget(tmp_path, shared, tiny_model_dir):
 
 
 def test_the_tree_marks_a_merges_ancestor(tmp_path):
-    from compressor_2.archive.database import Candidate, RunArchive
+    from compressor_2.archive.database import Candidate, Placement, RunArchive, Spot
     from compressor_2.run.tree import EvolutionTree
 
     archive = RunArchive.open(tmp_path / "run.sqlite")
     made = archive.add([Candidate({"0": x}, "", op, parents, "gepa", g, fitness=0.5)
                         for x, op, parents, g in [(0.0, "initial", (), 0), (1.0, "mutation", (1,), 1),
                                                   (2.0, "mutation", (1,), 2), (3.0, "merge", (2, 3), 3)]])
-    archive.place([(f"c{c.id}", c.id, c.generation, "cand", 0) for c in made], 0)
+    archive.place([Placement(c.id, Spot(c.generation, "cand", 0)) for c in made], 0)
     archive.record_merge(4, 2, 3, 1, (2, 3), True)
     graph = EvolutionTree.from_archive(archive).graph
     assert {(u, v, d["kind"]) for u, v, d in graph.edges(data=True)} == {
@@ -255,22 +255,22 @@ def test_a_kept_child_continues_its_parents_round_robin(tmp_path, shared_eight_c
     """Seed 004 (GEPA's update_state_with_new_program): a new candidate takes its parents'
     round-robin position, the highest among them, instead of starting again at cluster 0.
     The GEPA loop runs on the real services of `evolve`, with 8 clusters (ids 0..7)."""
+    import compressor_2.evolve
     from compressor_2.strategies import gepa
 
     records: list[dict] = []
 
-    def drive(run) -> str:
-        g = gepa.Gepa(run, run.config.gepa, random.Random(run.config.seed), [])
+    def drive(run, g: gepa.Gepa) -> str:
         g.start()
-        [seed] = g.pool
-        g.next_component[str(seed)] = 5  # the parent's next component is cluster 5
+        [seed] = g.state.pool
+        g.state.next_component[str(seed)] = 5  # the parent's next component is cluster 5
         monkeypatch.setattr(gepa, "mutation_accepted", lambda before, after: True)  # the child is kept
         records.append(g.reflect(0))
-        g.pool = [records[0]["candidate"]]  # the child is the only parent to draw
+        g.state.pool = [records[0]["candidate"]]  # the child is the only parent to draw
         records.append(g.reflect(1))
         return "driven"
 
-    monkeypatch.setattr(gepa, "run", drive)
+    monkeypatch.setattr(compressor_2.evolve, "drive", drive)
     evolve(config_for(tmp_path, shared_eight_clusters, tiny_model_dir, **GEPA, NUM_CLUSTERS="6"))
     parent, child = records
     assert parent["accepted"] and parent["change"] == "cluster 5"

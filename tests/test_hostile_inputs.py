@@ -448,9 +448,9 @@ CASES = [
     option_case("a trillion generations", {"NGEN": str(10**12)}, r"CONFIG_NGEN=1000000000000 must be in \[1, 1e6\]"),
     Case("an SGLang poll interval of 1e308", lambda s: s.sglang_check(SGLANG_POLL_INTERVAL='"1e308"'),
          2, r"CONFIG_SGLANG_POLL_INTERVAL=1e308 must be in \[0\.01, 3600\]"),
-    Case("random search: a best the archive does not hold",
-         lambda s: s.edit_run_file("random_state.json", put("best", value=9999), "random"),
-         2, r"random_state\.json': best is candidate 9999, but '.*run\.sqlite' does not hold it"),
+    Case("random search: a parent the archive does not hold",
+         lambda s: s.edit_run_file("random_state.json", put("parents", value=[9999]), "random"),
+         2, r"random_state\.json': parents\[0\] is candidate 9999, but '.*run\.sqlite' does not hold it"),
     Case("random search: parents that are not a list",
          lambda s: s.edit_run_file("random_state.json", put("parents", value="x"), "random"),
          2, r"random_state\.json': parents is 'x', not a list of candidate ids"),
@@ -602,6 +602,46 @@ def test_a_hostile_input_gets_one_line_and_its_exit_code(case: Case, tmp_path, s
     assert (code, len(lines)) == (case.code, 1), captured.err
     assert re.fullmatch(rf"error: .*{case.pattern}.*", lines[0]), lines[0]
     assert answers_stored(scene.out) == answers and run_files(scene.out) == files
+
+
+# -- issue X items 3 and 6 (driver): refuse before you write; deltas_best.json never trusted -----
+
+def untouched_files(*directories: Path) -> dict[str, bytes]:
+    """Every file under `directories` but the lock, whose pid each start writes, and
+    SQLite's own -wal and -shm files beside the archive (which a read-only `show` leaves
+    and the next close removes: the archive's rows are in run.sqlite)."""
+    return {str(p): p.read_bytes() for d in directories for p in sorted(d.rglob("*"))
+            if p.is_file() and p.name != "run.lock" and not p.name.endswith(("-wal", "-shm"))}
+
+
+@pytest.mark.parametrize(("symbol", "value"), [("PCA_COMPONENTS", "6"), ("NUM_CLUSTERS", "2"), ("CLUSTER_SEED", "1")])
+def test_a_refused_resume_leaves_every_file_as_it_was_the_clusters_included(symbol, value, tmp_path, shared,
+                                                                              tiny_model_dir, uninterrupted,
+                                                                              strategy_runs, capsys):
+    """A resume with another cluster setting is refused before the clusters are rebuilt or
+    anything is written: the run directory and the cluster directory stay byte for byte."""
+    scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted, strategy_runs)
+    out, clusters = scene.finished_run(), scene.clusters_copy()
+    before = untouched_files(out, tmp_path / "clusters")
+    capsys.readouterr()
+    assert main(scene.command("evolve", NGEN=RESUMED_NGEN, **clusters, **{symbol: value})) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "holds a run started with other settings" in err[0] and err[1].startswith(f"  CONFIG_{symbol}: "), err
+    assert untouched_files(out, tmp_path / "clusters") == before
+
+
+@pytest.mark.parametrize("planted", [b'{"0": 1.5, "1"', b'{"0": NaN, "1": NaN, "2": NaN, "3": NaN, "4": NaN}',
+                                     b'{"0": 9.0, "1": 0.0, "2": 0.0, "3": 0.0, "4": 0.0}'],
+                         ids=["truncated", "all NaN", "hand-edited"])
+@pytest.mark.parametrize("ngen", [str(DEFAULT_NGEN), RESUMED_NGEN], ids=["finished", "resumed"])
+def test_a_resume_writes_deltas_best_from_the_run_again(planted, ngen, tmp_path, shared, tiny_model_dir,
+                                                        uninterrupted, strategy_runs):
+    scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted, strategy_runs)
+    out = scene.finished_run()
+    (out / "deltas_best.json").write_bytes(planted)
+    assert main(scene.command("evolve", NGEN=ngen)) == 0
+    state = json.loads((out / "evolution_state.json").read_text(encoding="utf-8"))
+    assert json.loads((out / "deltas_best.json").read_text(encoding="utf-8")) == state["best_individual"]["deltas"]
 
 
 def test_the_atomic_writer_never_renames_over_anything_but_a_regular_file(tmp_path):

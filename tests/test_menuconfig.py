@@ -70,4 +70,4 @@ def test_menuconfig_changes_one_value_and_saves(tmp_path: Path) -> None:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
     assert "CONFIG_NGEN=17" in config_path.read_text()
     config = load_config(config_path)
-    assert config.ngen == 17 and config.population_size == 8
+    assert config.ga.ngen == 17 and config.ga.population_size == 8

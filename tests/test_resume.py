@@ -21,8 +21,17 @@ from compressor_2.config import load_config
 from compressor_2.errors import ConfigError
 from compressor_2.evolve import evolve
 from compressor_2.reflector.local import LocalProposer
-from compressor_2.run.state import Member, capture_rng, restore_rng, seed_rng
-from compressor_2.strategies.ga_state import EvolutionState, load_state, save_state
+from compressor_2.run.state import (
+    GLOBAL_RNGS,
+    Member,
+    Saved,
+    capture_rngs,
+    read_state,
+    restore_rngs,
+    save_state,
+    seed_rng,
+)
+from compressor_2.strategies.ga import GaState, ga_format
 from tests.conftest import REPO
 from tests.test_evolution_support import config_for, query, read_json, write_config
 
@@ -33,22 +42,30 @@ def member(x: float, pad: str = "", cid: int = 1) -> Member:
     return Member({"0": x, "1": 0.0, "2": -x}, pad, cid)
 
 
-def sample_state() -> EvolutionState:
+def sample_state() -> Saved[GaState]:
     seed_rng(5)
     random.random()
-    return EvolutionState(3, (member(1.0, "note"), member(0.5, cid=2)), member(1.0, "note"), 0.75, 2, capture_rng(),
-                          7)
+    return Saved(3, capture_rngs(GLOBAL_RNGS), 7, GaState((member(1.0, "note"), member(0.5, cid=2)), 2),
+                 member(1.0, "note"), 0.75)
+
+
+def save(directory: Path, state: Saved[GaState]) -> Path:
+    save_state(directory, ga_format(directory, IDS, 2), state)
+    return directory / "evolution_state.json"
+
+
+def load(path: Path) -> Saved[GaState] | None:
+    return read_state(path, ga_format(path.parent, IDS, 2), IDS, 1.0)
 
 
 def test_the_state_round_trips_with_exactly_the_seed_keys(tmp_path: Path):
     state = sample_state()
-    save_state(tmp_path / "s.json", state)
-    raw = read_json(tmp_path / "s.json")
+    raw = read_json(save(tmp_path, state))
     assert set(raw) == {"generation", "population", "best_individual", "best_fitness", "rr_idx", "rng",
                         "last_candidate_id"}
     assert raw["population"][0] == {"candidate_id": 1, "deltas": {"0": 1.0, "1": 0.0, "2": -1.0},
                                     "scratchpad": "note"}
-    assert load_state(tmp_path / "s.json", IDS, 2, 1.0) == state
+    assert load(tmp_path / "evolution_state.json") == state
 
 
 def test_restoring_the_rng_replays_the_same_draws(tmp_path: Path):
@@ -56,13 +73,12 @@ def test_restoring_the_rng_replays_the_same_draws(tmp_path: Path):
     expected = ([random.random() for _ in range(3)], np.random.rand(3).tolist())
     random.seed(99)
     np.random.seed(99)
-    save_state(tmp_path / "s.json", state)
-    restore_rng(load_state(tmp_path / "s.json", IDS, 2, 1.0).rng)
+    restore_rngs(load(save(tmp_path, state)).rng, GLOBAL_RNGS)
     assert ([random.random() for _ in range(3)], np.random.rand(3).tolist()) == expected
 
 
 def test_no_state_file_means_a_fresh_run(tmp_path: Path):
-    assert load_state(tmp_path / "missing.json", IDS, 2, 1.0) is None
+    assert load(tmp_path / "evolution_state.json") is None
 
 
 @pytest.mark.parametrize(("edit", "message"), [
@@ -78,13 +94,12 @@ def test_no_state_file_means_a_fresh_run(tmp_path: Path):
     (lambda raw: raw.update(last_candidate_id=-1), "last_candidate_id is -1"),
 ])
 def test_a_state_that_cannot_be_used_is_a_clear_error(tmp_path: Path, edit, message):
-    path = tmp_path / "evolution_state.json"
-    save_state(path, sample_state())
+    path = save(tmp_path, sample_state())
     raw = read_json(path)
     edit(raw)
     path.write_text(json.dumps(raw))
     with pytest.raises(ConfigError, match=message) as excinfo:
-        load_state(path, IDS, 2, 1.0)
+        load(path)
     assert "evolution_state.json" in str(excinfo.value) and "fresh run" in str(excinfo.value)
 
 
@@ -92,7 +107,7 @@ def test_an_unparsable_state_is_a_clear_error(tmp_path: Path):
     path = tmp_path / "evolution_state.json"
     path.write_bytes(b"\xff\xfe not json")
     with pytest.raises(ConfigError, match="cannot be read"):
-        load_state(path, IDS, 2, 1.0)
+        load(path)
 
 
 # -- resumed runs ---------------------------------------------------------------------------
@@ -202,17 +217,18 @@ def test_a_best_found_in_the_interrupted_generation_leaves_the_history_as_uninte
     (the best so far at each point), counters aside."""
     from compressor_2.archive.database import RunArchive
 
-    original = RunArchive.place
+    original = RunArchive.admit
 
-    def interrupt_at_the_first_mutated_placement(self, placements, step):
-        if step == 0 and any(p[3] == "mut" for p in placements):
+    def interrupt_after_the_mutated_children(self, candidates, spots, placements, step):
+        # Generation 0 admits its mutated children, then places the next population.
+        if step == 0 and not candidates and placements[0].spot.stage == "pop":
             raise KeyboardInterrupt
-        return original(self, placements, step)
+        return original(self, candidates, spots, placements, step)
 
-    monkeypatch.setattr(RunArchive, "place", interrupt_at_the_first_mutated_placement)
+    monkeypatch.setattr(RunArchive, "admit", interrupt_after_the_mutated_children)
     with pytest.raises(KeyboardInterrupt):
         evolve(config_for(tmp_path, shared, tiny_model_dir, NGEN="4"))
-    monkeypatch.setattr(RunArchive, "place", original)
+    monkeypatch.setattr(RunArchive, "admit", original)
     saved = read_json(tmp_path / "out" / "evolution_state.json")
     first = read_json(uninterrupted / "history.json")[0]
     assert saved["generation"] == 0 and saved["best_fitness"] > first["best_ever_fitness"]

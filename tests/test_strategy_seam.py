@@ -1,6 +1,7 @@
 """A strategy is a module plus a Kconfig entry, nothing else: this test adds one (a
 one-step random probe) to a copy of Kconfig and a module registered under
-compressor_2.strategies, and runs it through `evolve` with the shared services."""
+compressor_2.strategies, and runs it through `evolve` with the shared services and the
+run's driver."""
 
 from __future__ import annotations
 
@@ -11,36 +12,62 @@ import types
 import pytest
 
 import compressor_2.config.kconfig as config_module
-from compressor_2.archive.database import Candidate
 from compressor_2.config import load_config
 from compressor_2.deltas import to_dict
 from compressor_2.evolve import evolve
 from compressor_2.run.budget import Cost
-from compressor_2.run.state import Member
+from compressor_2.run.driver import Report
+from compressor_2.run.services import NewCandidate
+from compressor_2.run.state import Member, StateFormat
 from tests.test_evolution_support import shared_dir, write_config
 
 pytestmark = pytest.mark.slow
 
 
-def probe_module() -> types.ModuleType:
+class Probe:
     """Evaluates two fixed genomes on the first example, then one of them on the pool."""
+
+    state_format = StateFormat("probe_state.json", "iteration", (), lambda raw: None, lambda own: {})
+    step_name, steps, steps_symbol, proposer, progress_plot = "probe", 1, "", "the probe", None
+
+    def __init__(self, run) -> None:  # noqa: ANN001 - the run's services
+        self.run = run
+
+    def rngs(self) -> dict:
+        return {}
+
+    def start(self) -> None:
+        pass
+
+    def restore(self, own: None, t: int) -> None:
+        pass
+
+    def own_state(self) -> None:
+        return None
+
+    def step(self, t: int) -> Report:
+        run = self.run
+        genomes = [[0.0] * len(run.cluster_ids), [5.0] + [0.0] * (len(run.cluster_ids) - 1)]
+        run.evaluate(genomes, "probe", examples=run.examples[:1])
+        made = run.admit(t, [NewCandidate(to_dict(g, run.cluster_ids), "", "probe", (), 0,
+                                          status="rejected" if i else "evaluated") for i, g in enumerate(genomes)])
+        [whole] = run.evaluate([genomes[0]], "probe pool")
+        run.assess([(Member(dict(made[0].deltas), "", made[0].id), whole)])
+        return Report([{"generation": t, "best_fitness": whole.fitness, "mean_fitness": whole.fitness,
+                        "best_ever_fitness": whole.fitness, "mean_tokens": whole.mean_tokens,
+                        "best_mean_tokens": whole.mean_tokens}], "probed")
+
+    def closing(self, t: int) -> list:
+        return []
+
+
+def probe_module() -> types.ModuleType:
     module = types.ModuleType("compressor_2.strategies.probe")
 
     def estimate(config, n_examples: int) -> Cost:
         return Cost("probe", 0, 2 + n_examples, 0)
 
-    def run(run) -> str:
-        genomes = [[0.0] * len(run.cluster_ids), [5.0] + [0.0] * (len(run.cluster_ids) - 1)]
-        first = run.evaluate(genomes, "probe", examples=run.examples[:1])
-        made = run.archive.add([Candidate(to_dict(g, run.cluster_ids), "", "probe", (), "probe", 0,
-                                          status="rejected" if i else "evaluated")
-                                for i, (g, e) in enumerate(zip(genomes, first))])
-        [whole] = run.evaluate([genomes[0]], "probe pool")
-        run.archive.assess(made[0].id, whole.fitness, whole.mean_tokens, whole.correctness)
-        run.best.consider([(Member(made[0].deltas, "", made[0].id), whole)])
-        return run.stop_reason() or "probed"
-
-    module.estimate, module.run, module.OUTPUT_FILES = estimate, run, ()
+    module.estimate, module.make, module.OUTPUT_FILES = estimate, Probe, ("probe_state.json",)
     return module
 
 
@@ -57,7 +84,7 @@ def test_a_new_strategy_needs_a_module_and_a_kconfig_entry(tmp_path, tmp_path_fa
     config = load_config(write_config(tmp_path, shared_dir(tmp_path_factory), tiny_model_dir, STRATEGY_PROBE="y"))
     assert config.strategy == "probe"
     evolve(config)
-    assert capsys.readouterr().out.splitlines()[-1].startswith("stopped: probed; best fitness")
+    assert capsys.readouterr().out.splitlines()[-1].startswith("done: all 1 probes ran; best fitness")
     with sqlite3.connect(config.output_dir / "run.sqlite") as db:
         assert db.execute("SELECT id, operator, strategy, status FROM candidates").fetchall() == [
             (1, "probe", "probe", "evaluated"), (2, "probe", "probe", "rejected")]

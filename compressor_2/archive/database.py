@@ -219,6 +219,35 @@ class CallRecord:
     verdict: str
 
 
+@dataclass(frozen=True)
+class Spot:
+    """Where a candidate stands in a strategy's structure: the GA's population member
+    (`pop`), offspring (`pre`) and mutated offspring (`mut`) of a generation (seed 000
+    §8), or a kept candidate of the other strategies (`cand`), in the column of the step
+    that made it."""
+
+    generation: int
+    stage: str
+    index: int
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A candidate at a spot; its label is the evolution tree's node id."""
+
+    candidate: int
+    spot: Spot
+
+    @property
+    def label(self) -> str:
+        g, stage, i = self.spot.generation, self.spot.stage, self.spot.index
+        if stage == "pop":
+            return f"g{g}_pop{i}"
+        if stage in ("pre", "mut"):
+            return f"g{g}_child{i}_{stage}"
+        return f"c{self.candidate}"
+
+
 def genome_key(deltas: Sequence[float]) -> str:
     """The exact genome as text: repr round-trips every float."""
     return ",".join(repr(float(x)) for x in deltas)
@@ -250,7 +279,8 @@ class RunArchive:
                 raise ConfigError(f"'{path}' has archive schema {version}, this version reads "
                                   f"{SCHEMA_VERSION}; move the run directory away to start afresh")
             db.executescript(SCHEMA)
-            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            if version != SCHEMA_VERSION:  # a new file: an open of an existing one writes nothing to it
+                db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except sqlite3.OperationalError as exc:  # a full disk, a read-only file: the file is sound
             raise RunError(f"'{path}' cannot be written: {exc}") from None
         except sqlite3.DatabaseError as exc:
@@ -337,6 +367,11 @@ class RunArchive:
             db.execute("INSERT INTO events (kind, detail, created) VALUES (?, ?, ?)",
                        (kind, scrub(json.dumps(detail)), time.time()))
 
+    def last_event(self) -> str | None:
+        """The kind of the newest event, None when there is none."""
+        rows = self._query("SELECT kind FROM events ORDER BY id DESC LIMIT 1")
+        return rows[0][0] if rows else None
+
     def events(self, kind: str | None = None) -> list[tuple[str, dict[str, Any], float]]:
         sql = "SELECT id, kind, detail, created FROM events" + (" WHERE kind = ?" if kind else "") + " ORDER BY id"
         return [self._event(*row) for row in self._query(sql, (kind,) if kind else ())]
@@ -364,20 +399,34 @@ class RunArchive:
     def add(self, candidates: Sequence[Candidate]) -> list[Candidate]:
         """Stores `candidates` in one transaction; returns them with their new ids, which
         are consecutive in the order given."""
-        added = []
         with self._transaction() as db:
-            for c in candidates:
-                now = time.time()
-                cursor = db.execute(
-                    "INSERT INTO candidates (deltas, genome, scratchpad, operator, strategy, generation, "
-                    "status, note, fitness, mean_tokens, correctness, created) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                    (json.dumps(dict(c.deltas)), genome_key(list(c.deltas.values())), c.scratchpad,
-                     c.operator, c.strategy, c.generation, c.status, c.note, c.fitness, c.mean_tokens,
-                     c.correctness, now))
-                cid = int(cursor.lastrowid or 0)
-                db.executemany("INSERT INTO lineage (child, parent, position) VALUES (?, ?, ?)",
-                               [(cid, p, i) for i, p in enumerate(c.parents)])
-                added.append(replace(c, id=cid, created=now))
+            return self._add(db, candidates)
+
+    def admit(self, candidates: Sequence[Candidate], spots: Sequence[Spot | None], placements: Sequence[Placement],
+              step: int) -> list[Candidate]:
+        """What one request of strategy step `step` made, in one transaction: `candidates`
+        (ids consecutive, in order), each placed at its spot (None: not placed), and
+        `placements` of candidates made before."""
+        with self._transaction() as db:
+            added = self._add(db, candidates)
+            made = [Placement(c.id or 0, spot) for c, spot in zip(added, spots, strict=True) if spot is not None]
+            self._place(db, [*made, *placements], step)
+        return added
+
+    def _add(self, db: sqlite3.Connection, candidates: Sequence[Candidate]) -> list[Candidate]:
+        added = []
+        for c in candidates:
+            now = time.time()
+            cursor = db.execute(
+                "INSERT INTO candidates (deltas, genome, scratchpad, operator, strategy, generation, "
+                "status, note, fitness, mean_tokens, correctness, created) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                (json.dumps(dict(c.deltas)), genome_key(list(c.deltas.values())), c.scratchpad,
+                 c.operator, c.strategy, c.generation, c.status, c.note, c.fitness, c.mean_tokens,
+                 c.correctness, now))
+            cid = int(cursor.lastrowid or 0)
+            db.executemany("INSERT INTO lineage (child, parent, position) VALUES (?, ?, ?)",
+                           [(cid, p, i) for i, p in enumerate(c.parents)])
+            added.append(replace(c, id=cid, created=now))
         return added
 
     def assess(self, cid: int, fitness: float, mean_tokens: float, correctness: float) -> None:
@@ -396,6 +445,28 @@ class RunArchive:
         """All candidates (optionally filtered by an SQL condition), in id order."""
         sql = f"SELECT {_COLUMNS} FROM candidates {'WHERE ' + where if where else ''} ORDER BY id"
         return self._candidates(self._query(sql, params))
+
+    def assessed(self) -> list[Candidate]:
+        """The kept candidates whose fitness on the pool is known, in id order."""
+        return self.candidates("status = 'evaluated' AND fitness IS NOT NULL")
+
+    def initial(self) -> list[Candidate]:
+        """The candidates made from the initial deltas, in id order."""
+        return self.candidates("operator = 'initial'")
+
+    def among(self, ids: Sequence[int]) -> dict[int, Candidate]:
+        """The candidates of `ids` the archive holds, by id."""
+        wanted = sorted({int(i) for i in ids})
+        found = self.candidates(f"id IN ({','.join('?' * len(wanted))})", wanted) if wanted else []
+        return {c.id: c for c in found if c.id is not None}
+
+    def genomes(self) -> set[str]:
+        """The genome key of every candidate."""
+        return {genome for (genome,) in self._query("SELECT genome FROM candidates")}
+
+    def last_step(self) -> int | None:
+        """The latest step (generation or iteration) a candidate was made in; None when empty."""
+        return self._query("SELECT max(generation) FROM candidates")[0][0]
 
     def _candidates(self, rows: Sequence[tuple[Any, ...]]) -> list[Candidate]:
         parents: dict[int, list[int]] = {r[0]: [] for r in rows}
@@ -464,11 +535,16 @@ class RunArchive:
 
     # -- placements (tree node ids) ---------------------------------------------------------
 
-    def place(self, placements: Sequence[tuple[str, int, int, str, int]], step: int) -> None:
-        """(label, candidate, generation, stage, index) rows, decided in strategy step `step`."""
+    def place(self, placements: Sequence[Placement], step: int) -> None:
+        """Placements decided in strategy step `step`."""
         with self._transaction() as db:
-            db.executemany("INSERT OR REPLACE INTO placements (label, candidate, generation, stage, idx, step) "
-                           "VALUES (?, ?, ?, ?, ?, ?)", [(*p, step) for p in placements])
+            self._place(db, placements, step)
+
+    @staticmethod
+    def _place(db: sqlite3.Connection, placements: Sequence[Placement], step: int) -> None:
+        db.executemany("INSERT OR REPLACE INTO placements (label, candidate, generation, stage, idx, step) "
+                       "VALUES (?, ?, ?, ?, ?, ?)", [(p.label, p.candidate, p.spot.generation, p.spot.stage,
+                                                      p.spot.index, step) for p in placements])
 
     def placements(self) -> list[tuple[str, int, int, str, int]]:
         return [tuple(r) for r in self._query(  # type: ignore[misc]

@@ -2,7 +2,7 @@
 frozen, typed `Config`, refusing anything suspicious.
 
 Reading and typed access are `kconfig`'s; each strategy's options are parsed by their own
-module (`archive`, `gepa`, `search`) and the SGLang launch and address rule by `sglang`.
+module (`ga`, `archive`, `gepa`, `search`) and the SGLang launch and address rule by `sglang`.
 Here: every other setting, each checked (unparsable floats, out-of-range values, the
 GA's sentinels) and reported as a `ConfigError` naming the symbol and the value.
 """
@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Literal
 
 from compressor_2.config.archive import ArchiveOptions, archive_options
+from compressor_2.config.ga import SENTINELS as GA_SENTINELS
+from compressor_2.config.ga import GaOptions, ga_options
 from compressor_2.config.gepa import GepaOptions, gepa_options
 from compressor_2.config.kconfig import MAX_LOGITS, Reader, interval, read_config, require
 from compressor_2.config.search import CmaesOptions, RandomOptions, cmaes_options, random_options
@@ -26,11 +28,6 @@ SGLangApi = Literal["auto", "generate", "completions"]
 SGLANG_APIS = ("auto", "generate", "completions")
 JudgeName = Literal["numeric", "llm", "hybrid"]
 ReflectorName = Literal["local", "openai"]
-SELECTIONS = ("tournament", "truncation", "llm")
-FALLBACK_SELECTIONS = ("tournament", "truncation")
-MUTATION_SCOPES = ("cluster", "vector")
-MAX_POPULATION = 100_000
-MAX_STEPS = 1_000_000  # generations (Kconfig's ranges bound the other strategies' step counts)
 MAX_WALL_MINUTES = 1e9
 MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 100.0
 MAX_INSTRUCTION = 2000  # characters of CONFIG_COMPARE_INSTRUCTION
@@ -112,18 +109,8 @@ class Config:
     gepa: GepaOptions | None  # with strategy "gepa"
     random: RandomOptions | None  # with strategy "random"
     cmaes: CmaesOptions | None  # with strategy "cmaes"
-    # Genetic algorithm
-    seed: int
-    population_size: int
-    ngen: int
-    cxpb: float
-    mutpb: float
-    elitism_size: int
-    selection: str
-    selection_fallback: str | None  # with selection "llm"
-    tournament_size: int | None
-    truncation_top_k: int | None
-    mutation_scope: str
+    seed: int  # every strategy's RNG
+    ga: GaOptions  # read whatever the strategy: the defconfig's GA sets them all
     # Clustering
     embedding_model: str
     pca_components: int
@@ -134,11 +121,12 @@ class Config:
 
     def summary(self) -> str:
         """The resolved settings, one `name = value` a line, for `check-config`."""
-        nested = {"archive": self.archive, "gepa": self.gepa, "random": self.random, "cmaes": self.cmaes}
+        # The GA's options keep the plain names they have always been listed under.
+        nested = {"ga": "", "archive": "archive.", "gepa": "gepa.", "random": "random.", "cmaes": "cmaes."}
         pairs = [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.name not in nested]
-        for name, options in nested.items():
-            if options is not None:
-                pairs += [(f"{name}.{f.name}", getattr(options, f.name)) for f in dataclasses.fields(options)]
+        for name, prefix in nested.items():
+            if (options := getattr(self, name)) is not None:
+                pairs += [(f"{prefix}{f.name}", getattr(options, f.name)) for f in dataclasses.fields(options)]
         width = max(len(name) for name, _ in pairs)
         return "\n".join(f"{name.ljust(width)} = {_show(value)}" for name, value in pairs)
 
@@ -167,45 +155,10 @@ def load_config(path: str | Path) -> Config:
 
 
 def _build(r: Reader) -> Config:
-    for name in (
-        "INITIAL_DELTAS_PATH", "POPULATION_SIZE", "NGEN", "CXPB", "MUTPB",
-        "ELITISM_SIZE", "SELECTION", "LAMBDA_SHORTNESS", "LAMBDA_CORRECTNESS",
-    ):
+    for name in ("INITIAL_DELTAS_PATH", *GA_SENTINELS, "LAMBDA_SHORTNESS", "LAMBDA_CORRECTNESS"):
         _sentinel(r, name)
 
-    population = r.integer("POPULATION_SIZE", 2, MAX_POPULATION)
-    ngen = r.integer("NGEN", 1, MAX_STEPS)
-    elitism = r.integer("ELITISM_SIZE")
-    require(
-        0 <= elitism < population,
-        f"CONFIG_ELITISM_SIZE={elitism} must satisfy 0 <= elitism < population ({population})",
-    )
-    probabilities = {name: r.number(name, 0, 1) for name in ("CXPB", "MUTPB")}
-
-    selection = r.string("SELECTION").strip()
-    require(
-        selection in SELECTIONS,
-        f"CONFIG_SELECTION={selection!r} is unknown; use one of {', '.join(SELECTIONS)}",
-    )
-    fallback = None
-    if selection == "llm":
-        fallback = r.string("SELECTION_FALLBACK").strip()
-        require(fallback != "", 'CONFIG_SELECTION_FALLBACK is not set but CONFIG_SELECTION="llm" needs it '
-                 f"(one of {', '.join(FALLBACK_SELECTIONS)})")
-        require(fallback in FALLBACK_SELECTIONS, f"CONFIG_SELECTION_FALLBACK={fallback!r} is unknown; use one of "
-                 f"{', '.join(FALLBACK_SELECTIONS)}")
-    drawn = {selection, fallback}
-    sizes = {"TOURNAMENT_SIZE": "tournament", "TRUNCATION_TOP_K": "truncation"}
-    used = {name: _selection_size(r, name, population) for name, kind in sizes.items() if kind in drawn}
-    for name, kind in sizes.items():
-        # A size no selection reads is a sign that the selection is not the one meant.
-        require(name in used or r.integer(name) == -1,
-                 f"CONFIG_{name}={r.integer(name)} is set but no selection draws by {kind} "
-                 f"(CONFIG_SELECTION={selection!r}"
-                 f"{f', CONFIG_SELECTION_FALLBACK={fallback!r}' if fallback else ''}): set it to -1 (unset)")
-    scope = r.string("MUTATION_SCOPE").strip()
-    require(scope in MUTATION_SCOPES,
-             f"CONFIG_MUTATION_SCOPE={scope!r} is unknown; use one of {', '.join(MUTATION_SCOPES)}")
+    ga = ga_options(r)
 
     lambdas = {name: r.number(name, 0, 1) for name in ("LAMBDA_SHORTNESS", "LAMBDA_CORRECTNESS")}
     total = sum(lambdas.values())
@@ -315,32 +268,10 @@ def _build(r: Reader) -> Config:
         random=random_options(r) if strategy == "random" else None,
         cmaes=cmaes_options(r) if strategy == "cmaes" else None,
         seed=r.integer("SEED"),
-        population_size=population,
-        ngen=ngen,
-        cxpb=probabilities["CXPB"],
-        mutpb=probabilities["MUTPB"],
-        elitism_size=elitism,
-        selection=selection,
-        selection_fallback=fallback,
-        tournament_size=used.get("TOURNAMENT_SIZE"),
-        truncation_top_k=used.get("TRUNCATION_TOP_K"),
-        mutation_scope=scope,
+        ga=ga,
         embedding_model=r.string("EMBEDDING_MODEL"),
         pca_components=r.integer("PCA_COMPONENTS"),
         num_clusters=r.integer("NUM_CLUSTERS"),
         embed_batch_size=r.integer("EMBED_BATCH_SIZE"),
         cluster_seed=r.integer("CLUSTER_SEED"),
     )
-
-
-def _selection_size(r: Reader, name: str, population: int) -> int:
-    value = r.integer(name)
-    require(value != -1, f"CONFIG_{name} is not set (still at its sentinel -1) but CONFIG_SELECTION "
-             "(or CONFIG_SELECTION_FALLBACK) needs it")
-    require(
-        2 <= value <= population,
-        f"CONFIG_{name}={value} must be in [2, population] = [2, {population}]",
-    )
-    return value
-
-

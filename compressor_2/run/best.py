@@ -1,6 +1,9 @@
 """The best-ever individual (seed 000 §1): updated whenever a newly evaluated individual is
 strictly fitter, with deltas_best.json and processor_best.py rewritten each time; a genome
-with a delta that is not a finite number is never taken."""
+with a delta that is not a finite number is never taken. A resume restores it from what
+the run recorded (the state file or the archive) and writes both files again: they are
+outputs, never read back, so a truncated or hand-edited deltas_best.json does not survive
+a resume."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from compressor_2.atomic import atomic_write_json
-from compressor_2.deltas import write_fingerprint
+from compressor_2.deltas import fingerprint_path, write_fingerprint
 from compressor_2.fitness import Evaluation
 from compressor_2.run.progress import say
 from compressor_2.run.state import Member
@@ -44,13 +47,31 @@ class BestEver:
             if self.fitness is None or evaluation.fitness > self.fitness:
                 self.member, self.fitness, improved = member, evaluation.fitness, evaluation
         if improved is not None:
-            assert self.member is not None
-            deltas_path = self.output_dir / DELTAS_BEST
-            atomic_write_json(deltas_path, self.member.deltas)
-            if self.cluster_fingerprint:
-                write_fingerprint(deltas_path, self.cluster_fingerprint)
-            self.write_processor(deltas_path, self.output_dir / PROCESSOR_BEST)
-            say(f"new best fitness {self.fitness:.4f} (candidate {self.member.candidate_id}, "
+            self._write()
+            say(f"new best fitness {self.fitness:.4f} (candidate {self.member.candidate_id}, "  # type: ignore[union-attr]
                 f"{improved.mean_tokens:.1f} tokens, {100 * improved.correctness:.0f}% correct): "
-                f"{deltas_path}, {PROCESSOR_BEST} updated")
+                f"{self.output_dir / DELTAS_BEST}, {PROCESSOR_BEST} updated")
         return improved is not None
+
+    def restore(self, member: Member | None, fitness: float | None) -> None:
+        """The best-ever a resume found recorded; `rewrite` writes its files once the
+        resume has taken everything else up."""
+        self.member, self.fitness = member, fitness
+
+    def rewrite(self) -> None:
+        """The best's files written again (they are never read back), or removed when
+        nothing was evaluated yet: no run of this directory made them."""
+        if self.member is not None:
+            self._write()
+            return
+        for name in (DELTAS_BEST, PROCESSOR_BEST):
+            (self.output_dir / name).unlink(missing_ok=True)
+        fingerprint_path(self.output_dir / DELTAS_BEST).unlink(missing_ok=True)
+
+    def _write(self) -> None:
+        assert self.member is not None
+        deltas_path = self.output_dir / DELTAS_BEST
+        atomic_write_json(deltas_path, self.member.deltas)
+        if self.cluster_fingerprint:
+            write_fingerprint(deltas_path, self.cluster_fingerprint)
+        self.write_processor(deltas_path, self.output_dir / PROCESSOR_BEST)

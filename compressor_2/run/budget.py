@@ -4,10 +4,12 @@
 - CONFIG_MAX_REFLECTOR_TOKENS: prompt + completion tokens of every reflector attempt;
 - CONFIG_MAX_WALL_MINUTES: wall time summed over the run's sessions.
 
-A strategy asks `exhausted()` between steps and stops at the first budget reached, so
-a step that starts under budget finishes (it may overshoot by one step). The counts
-come from the run archive, so they survive resumes, and a rerun with a raised budget
-continues where the run stopped.
+The run's driver asks `exhausted()` between steps, and inside a step before every
+evaluation that needs fresh answers (`gate`): a reached budget stops the step there, so a
+run overshoots by at most the one evaluation that crossed it, never by a step. An
+evaluation served from the cache is never refused: it costs nothing, and a replayed step
+then stops exactly where the uninterrupted one did. The counts come from the run archive,
+so they survive resumes, and a rerun with a raised budget continues where the run stopped.
 """
 
 from __future__ import annotations
@@ -86,6 +88,14 @@ def shortfall(limits: Limits, spent: Spent, cost: Cost, steps: int = 3) -> str |
     return "; ".join(warnings) or None
 
 
+class BudgetReached(Exception):
+    """A budget was reached inside a step, before an evaluation that needed fresh answers."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 class Budget:
     """The run's limits and what it has spent, read from the archive."""
 
@@ -107,6 +117,13 @@ class Budget:
 
     def exhausted(self) -> str | None:
         return stop_reason(self.limits, self.spent())
+
+    def gate(self, fresh: int) -> None:
+        """Before `fresh` (> 0) fresh answers of a step: raises BudgetReached once a budget
+        is reached."""
+        del fresh  # any number of them: the budget is what was spent before
+        if reason := self.exhausted():
+            raise BudgetReached(reason)
 
     def checkpoint(self) -> None:
         """Saves the wall time so far (at the end of each step, and on the way out)."""

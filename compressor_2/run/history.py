@@ -67,8 +67,8 @@ def entry(stats: dict[str, Any], work: Work) -> dict[str, Any]:
     return {**stats, **done}
 
 
-def load_history(path: Path, before: int) -> list[dict[str, Any]]:
-    """The entries of generations < `before` (a resumed run rewrites the rest)."""
+def load_history(path: Path, before: int | None) -> list[dict[str, Any]]:
+    """The entries of generations < `before` (a resumed run rewrites the rest); None: all."""
     if not path.exists():
         return []
     hint = "move it away to continue without it"
@@ -80,6 +80,8 @@ def load_history(path: Path, before: int) -> list[dict[str, Any]]:
         _check(entries)
     except FieldError as exc:
         raise ConfigError(f"'{path}': {exc}; {hint}") from None
+    if before is None:
+        return entries
     if len(entries) < before:
         raise ConfigError(f"'{path}' ends before generation {before}, where the run resumes; {hint}")
     return entries[:before]

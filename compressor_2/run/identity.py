@@ -38,11 +38,12 @@ SHORT_VALUE = 120  # characters: longer values are recorded as a digest
 
 @dataclass(frozen=True)
 class RunInputs:
-    """What the config's input paths hold, as this start read them."""
+    """What the config's input paths hold, as this start read them; None for what is not
+    read yet (the clusters and the initial deltas before the clusters are built)."""
 
-    clusters: str  # cluster_map_digest
+    clusters: str | None  # cluster_map_digest
     examples: Sequence[Example]  # the training pool
-    initial_deltas: Mapping[str, float]
+    initial_deltas: Mapping[str, float] | None
 
 
 Value = Callable[[Config, RunInputs], object]  # None: the setting does not apply to this config
@@ -66,7 +67,9 @@ def _pool(inputs: RunInputs) -> str:
     return f"{len(keys)} examples, digest {_digest(keys)}"
 
 
-def _initial(inputs: RunInputs) -> str:
+def _initial(inputs: RunInputs) -> str | None:
+    if inputs.initial_deltas is None:
+        return None
     text = json.dumps(dict(inputs.initial_deltas))
     return text if len(text) <= SHORT_VALUE else f"{len(inputs.initial_deltas)} deltas, digest {_digest(text)}"
 
@@ -137,7 +140,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("CONFIG_CORRECTNESS_TOLERANCE", ("CORRECTNESS_TOLERANCE",), lambda c, _: c.correctness_tolerance),
     Setting("CONFIG_JUDGE_MODEL", ("JUDGE_MODEL",), lambda c, _: c.judge_model if c.judge != "numeric" else None),
     Setting("the clusters (digest of the token -> cluster map)", ("CLUSTER_DIR", "CLUSTER_DESCRIPTIONS_PATH"),
-            lambda _, i: i.clusters[:DIGEST_CHARS]),
+            lambda _, i: i.clusters[:DIGEST_CHARS] if i.clusters is not None else None),
     Setting("CONFIG_EMBEDDING_MODEL", ("EMBEDDING_MODEL",), lambda c, _: c.embedding_model),
     Setting("CONFIG_PCA_COMPONENTS", ("PCA_COMPONENTS",), lambda c, _: c.pca_components),
     Setting("CONFIG_NUM_CLUSTERS", ("NUM_CLUSTERS",), lambda c, _: c.num_clusters),
@@ -146,15 +149,15 @@ SETTINGS: tuple[Setting, ...] = (
             lambda _, i: _initial(i)),
     Setting("CONFIG_SEED", ("SEED",), lambda c, _: c.seed),
     # The strategy's options.
-    Setting("CONFIG_POPULATION_SIZE", ("POPULATION_SIZE",), _ga(lambda c: c.population_size)),
-    Setting("CONFIG_CXPB", ("CXPB",), _ga(lambda c: c.cxpb)),
-    Setting("CONFIG_MUTPB", ("MUTPB",), _ga(lambda c: c.mutpb)),
-    Setting("CONFIG_ELITISM_SIZE", ("ELITISM_SIZE",), _ga(lambda c: c.elitism_size)),
-    Setting("CONFIG_SELECTION", ("SELECTION",), _ga(lambda c: c.selection)),
-    Setting("CONFIG_SELECTION_FALLBACK", ("SELECTION_FALLBACK",), _ga(lambda c: c.selection_fallback)),
-    Setting("CONFIG_TOURNAMENT_SIZE", ("TOURNAMENT_SIZE",), _ga(lambda c: c.tournament_size)),
-    Setting("CONFIG_TRUNCATION_TOP_K", ("TRUNCATION_TOP_K",), _ga(lambda c: c.truncation_top_k)),
-    Setting("CONFIG_MUTATION_SCOPE", ("MUTATION_SCOPE",), _ga(lambda c: c.mutation_scope)),
+    Setting("CONFIG_POPULATION_SIZE", ("POPULATION_SIZE",), _ga(lambda c: c.ga.population_size)),
+    Setting("CONFIG_CXPB", ("CXPB",), _ga(lambda c: c.ga.cxpb)),
+    Setting("CONFIG_MUTPB", ("MUTPB",), _ga(lambda c: c.ga.mutpb)),
+    Setting("CONFIG_ELITISM_SIZE", ("ELITISM_SIZE",), _ga(lambda c: c.ga.elitism_size)),
+    Setting("CONFIG_SELECTION", ("SELECTION",), _ga(lambda c: c.ga.selection)),
+    Setting("CONFIG_SELECTION_FALLBACK", ("SELECTION_FALLBACK",), _ga(lambda c: c.ga.selection_fallback)),
+    Setting("CONFIG_TOURNAMENT_SIZE", ("TOURNAMENT_SIZE",), _ga(lambda c: c.ga.tournament_size)),
+    Setting("CONFIG_TRUNCATION_TOP_K", ("TRUNCATION_TOP_K",), _ga(lambda c: c.ga.truncation_top_k)),
+    Setting("CONFIG_MUTATION_SCOPE", ("MUTATION_SCOPE",), _ga(lambda c: c.ga.mutation_scope)),
     *(Setting(f"CONFIG_ARCHIVE_{name.upper()}", (f"ARCHIVE_{name.upper()}",),
               _option("archive", lambda c, n=name: getattr(c.archive, n)))
       for name in ("parents_per_iteration", "replace", "sharpness", "novelty_weight", "issue_batch", "issue_weights",
@@ -177,7 +180,7 @@ SETTINGS: tuple[Setting, ...] = (
     # What may change across a resume.
     Setting("CONFIG_OUTPUT_DIR", ("OUTPUT_DIR",), lambda c, _: str(c.output_dir),
             "another directory is another run: the rerun starts afresh there, and this one stays as it is"),
-    Setting("CONFIG_NGEN", ("NGEN",), _ga(lambda c: c.ngen), STEPS),
+    Setting("CONFIG_NGEN", ("NGEN",), _ga(lambda c: c.ga.ngen), STEPS),
     Setting("CONFIG_ARCHIVE_ITERATIONS", ("ARCHIVE_ITERATIONS",), _option("archive", lambda c: c.archive.iterations),
             STEPS),
     Setting("CONFIG_RANDOM_BATCHES", ("RANDOM_BATCHES",), _option("random", lambda c: c.random.batches), STEPS),
@@ -268,16 +271,31 @@ def check_identity(archive: RunArchive, config: Config, inputs: RunInputs, conte
         say(f"note: '{archive.path}' was started by a compressor_2 that did not record its settings; this config's "
             "are recorded now, and later resumes are compared with them")
     else:
-        refused, allowed = changes(_recorded(archive, stored), current)
-        if refused:
-            raise ConfigError(
-                f"'{archive.path}' holds a run started with other settings, and a resume must not change them "
-                "(the scores, or the search, would mix two runs):",
-                [*refused, f"Set them back to resume this run; to start a fresh run with the new settings, choose "
-                           f"another CONFIG_OUTPUT_DIR (or move '{archive.path.parent}' away)."])
-        for line in allowed:
+        for line in _allowed(archive, stored, current):
             say(f"changed since the last start: {line}")
     archive.set_meta({IDENTITY_KEY: json.dumps(current), "strategy": config.strategy})
+
+
+def check_settings(archive: RunArchive, config: Config, examples: Sequence[Example]) -> None:
+    """`check_identity`'s refusal on what is known before the clusters are built (the
+    clusters' own settings among it), and nothing written: a refused resume must not
+    rebuild the clusters it was started on."""
+    stored = archive.meta(IDENTITY_KEY)
+    if archive.last_candidate_id() and stored is not None:
+        _allowed(archive, stored, run_identity(config, RunInputs(None, examples, None)))
+
+
+def _allowed(archive: RunArchive, stored: str, current: Mapping[str, str]) -> list[str]:
+    """The allowed changes from the recorded identity to `current`; a ConfigError for
+    refused ones."""
+    refused, allowed = changes(_recorded(archive, stored), current)
+    if refused:
+        raise ConfigError(
+            f"'{archive.path}' holds a run started with other settings, and a resume must not change them "
+            "(the scores, or the search, would mix two runs):",
+            [*refused, f"Set them back to resume this run; to start a fresh run with the new settings, choose "
+                       f"another CONFIG_OUTPUT_DIR (or move '{archive.path.parent}' away)."])
+    return allowed
 
 
 def _recorded(archive: RunArchive, stored: str) -> dict[str, str]:

@@ -37,9 +37,24 @@ def evaluate_with_bar(evaluator: Evaluator, genomes: Sequence[Sequence[float]], 
         return evaluator.evaluate(genomes, bar.update, examples)
 
 
+@contextmanager
+def timed(seconds: dict[str, float], stage: str) -> Iterator[None]:
+    """Adds the block's wall time to `seconds[stage]`."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        seconds[stage] = round(seconds.get(stage, 0.0) + time.perf_counter() - started, 3)
+
+
 def say(line: str) -> None:
     """Prints above any progress bar."""
     tqdm.write(line)
+
+
+def plural(noun: str) -> str:
+    """"generation" -> "generations", "batch" -> "batches"."""
+    return noun + ("es" if noun.endswith(("s", "sh", "ch", "x", "z")) else "s")
 
 
 def ordinal(generation: int, ngen: int) -> str:

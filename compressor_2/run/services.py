@@ -1,35 +1,48 @@
 """What every strategy is handed: `Run`, the run's shared services (the archive, the
 evaluator whose answers it caches, the reflector, the pool of reflector calls and the
-run's other thread pools, the budget, the best-ever tracker), with the helpers every
-strategy's loop calls on them. `stop_reason`, asked at every step boundary, is where every
-loop ends: a budget reached, or CONFIG_MAX_IDLE_STEPS steps in a row that made nothing new;
-it also says when most of the last step's reflector replies were invalid, and brings the
-outputs every strategy shares (front.png, report.html) up to date."""
+run's other thread pools, the budget, the best-ever tracker), and the three calls through
+which a strategy's steps touch the run: `evaluate` (through the budget's gate while a step
+runs), `admit` (what a step made becomes candidates of the archive, placed, and offered to
+the best-ever, in one call) and `assess` (a candidate's fitness once it is known)."""
 
 from __future__ import annotations
 
 import functools
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from compressor_2.archive.database import RunArchive
+from compressor_2.archive.database import Candidate, Placement, RunArchive, Spot
 from compressor_2.clusters.tokens import AnswerTokens
 from compressor_2.config import Config
 from compressor_2.data.example import Example
-from compressor_2.errors import ConfigError
 from compressor_2.fitness import Evaluation, Evaluator
 from compressor_2.reflector.base import Reflector
-from compressor_2.reflector.prompt_log import PROMPT_DIR
 from compressor_2.run.best import BestEver
 from compressor_2.run.budget import Budget
-from compressor_2.run.idle import IdleSteps
-from compressor_2.run.outputs import refresh_outputs
-from compressor_2.run.progress import evaluate_with_bar, say
+from compressor_2.run.progress import evaluate_with_bar
+from compressor_2.run.state import Member
 from compressor_2.run.workers import Workers
+
+
+@dataclass(frozen=True)
+class NewCandidate:
+    """A genome a step made, to become a candidate: its fitness is its evaluation's (GEPA
+    passes its aggregate valset score there), and it is offered to the best-ever when it is
+    kept with one. `generation` is the step column the candidate is recorded in."""
+
+    deltas: Mapping[str, float]  # canonical cluster order
+    scratchpad: str
+    operator: str
+    parents: tuple[int, ...]
+    generation: int
+    evaluation: Evaluation | None = None
+    status: str = "evaluated"  # or "rejected"
+    note: str = ""  # why it was rejected
+    spot: Spot | None = None  # where it stands in the tree
 
 
 @dataclass
@@ -45,16 +58,9 @@ class Run:
     pool: Executor  # reflector calls in flight at once: CONFIG_REFLECTOR_CONCURRENCY
     budget: Budget
     best: BestEver
-    started: float  # perf_counter at this session's start
     workers: Workers  # every thread pool of the run (`pool` is one of them)
     answer_tokens: AnswerTokens  # answers retokenised through the cluster map, shared with the local reflector
     heldout: tuple[Example, ...] = ()  # CONFIG_HOLDOUT_*: checked when the run stops, never searched on
-    idle: IdleSteps = field(init=False)
-    replies_seen: int = field(init=False)  # the newest reflector call the step boundaries have looked at
-
-    def __post_init__(self) -> None:
-        self.idle = IdleSteps(self.config.max_idle_steps)
-        self.replies_seen = self.archive.verdicts()[0]
 
     @property
     def out(self) -> Path:
@@ -72,50 +78,32 @@ class Run:
         """Tokens of each training example's gold answer (what an answer's `tokens` counts)."""
         return {ex.id: self.answer_tokens.length(ex.gold) for ex in self.examples}
 
-    def start_afresh(self, state_file: Path, step: int) -> None:
-        """A start without a state file forgets what an earlier start that saved nothing had
-        made (its answers stay). An archive with later steps means the state file was lost:
-        that is refused, never silently restarted."""
-        later = self.archive.candidates("generation >= 1")
-        if later:
-            raise ConfigError(f"'{self.archive.path}' holds steps up to {later[-1].generation} but "
-                              f"'{state_file}' is missing: restore it, or move the run directory "
-                              "away (or choose another CONFIG_OUTPUT_DIR) to start a fresh run")
-        self.archive.rollback(0, from_step=step)
+    def admit(self, step: int, made: Sequence[NewCandidate] = (),
+              placements: Sequence[Placement] = ()) -> list[Candidate]:
+        """`made` as candidates of the archive (ids consecutive, in order), placed at
+        their spots, with `placements` of earlier candidates, decided in strategy step
+        `step`; then the kept ones with an evaluation are offered to the best-ever."""
+        candidates = [Candidate(p.deltas, p.scratchpad, p.operator, p.parents, self.config.strategy, p.generation,
+                                p.status, p.note, *_scores(p.evaluation)) for p in made]
+        added = self.archive.admit(candidates, [p.spot for p in made], placements, step)
+        self.best.consider([(Member(dict(c.deltas), c.scratchpad, c.id or 0), p.evaluation)
+                            for c, p in zip(added, made)
+                            if p.evaluation is not None and p.status == "evaluated"])
+        return added
 
-    def stop_reason(self, proposer: str = "the reflector") -> str | None:
-        """Asked between steps (every strategy does, at the end of each): the first budget
-        reached, or CONFIG_MAX_IDLE_STEPS steps in a row without a fresh metric call, if any;
-        either way the outputs every strategy shares are brought up to date. `proposer`
-        names what proposes genomes."""
-        self.budget.checkpoint()
-        reason = self.budget.exhausted()  # judged on what the steps spent, before the drawing below
-        if reason is None:
-            self.report_invalid_replies()  # a stopping run's last replies are reported on the way out
-            reason = self.idle.after_step(self.archive.metric_calls(), proposer)
-        self.refresh()
-        return reason
+    def assess(self, assessed: Sequence[tuple[Member, Evaluation]]) -> None:
+        """Records the fitness on the pool of candidates made before it was known, and
+        offers them to the best-ever."""
+        for member, e in assessed:
+            self.archive.assess(member.candidate_id, e.fitness, e.mean_tokens, e.correctness)
+        self.best.consider(assessed)
 
-    def refresh(self) -> Path:
-        """front.png and report.html, from the archive as it stands; returns the report's path."""
-        return refresh_outputs(self.archive, self.out, self.examples, self.heldout)
 
-    def report_invalid_replies(self) -> None:
-        """One line when most reflector replies since the last step boundary were invalid."""
-        newest, calls, accepted, last = self.archive.verdicts(after=self.replies_seen)
-        self.replies_seen = newest
-        if 2 * (calls - accepted) > calls:
-            say(f"warning: {calls - accepted} of {calls} reflector replies of the last step were invalid (the last: "
-                f"{last}); the replies are in {self.out / PROMPT_DIR}")
-
-    def nothing_evolved(self) -> str | None:
-        """Why the run failed when the reflector answered and not one reply was valid."""
-        _, calls, accepted, last = self.archive.verdicts()
-        if calls == 0 or accepted:
-            return None
-        return (f"none of the reflector's {calls} replies in this run was valid (the last: {last}), so it evolved "
-                f"nothing; the replies are in {self.out / PROMPT_DIR}: check CONFIG_REFLECTOR_MODEL and that "
-                "its server supports structured outputs")
+def _scores(evaluation: Evaluation | None) -> tuple[float | None, float | None, float | None]:
+    """(fitness, mean tokens, correctness), as the archive records them."""
+    if evaluation is None:
+        return None, None, None
+    return evaluation.fitness, evaluation.mean_tokens, evaluation.correctness
 
 
 def resume_command() -> str:

@@ -17,6 +17,7 @@ always shows what the archive holds; tree.json is a copy for other tools.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -33,6 +34,7 @@ STAGE_X = {"pop": 0, "pre": 1, "mut": 2, "cand": 1}
 EDGE_STYLE = {"parent": ("#555555", "solid"), "mutation": ("#1f77b4", "solid"), "carry": ("#aaaaaa", "dotted"),
               "ancestor": ("#2ca02c", "dashed")}
 MAX_LABELLED_NODES = 600
+MAX_TICKS = 60  # generations labelled on the x axis
 SELECTED_STYLE = {"performance": "#d62728", "diversity": "#9467bd", "potential": "#ff7f0e"}  # ring colours
 
 
@@ -107,7 +109,7 @@ class EvolutionTree:
 
     def render(self, path: Path) -> None:
         """Generations left to right (population, offspring, mutated columns); node colour
-        and label are the fitness."""
+        and label are the fitness ("?" for a candidate never assessed)."""
         graph = self.graph
         if not graph:
             return
@@ -115,12 +117,15 @@ class EvolutionTree:
         columns = 1 + max(x for x, _ in pos.values())
         rows = 1 - min(y for _, y in pos.values())
         fig, ax = plt.subplots(figsize=(min(max(8.0, 1.1 * columns), 200.0), min(max(4.0, 0.7 * rows), 100.0)))
+        # Past the labelled size one arrowhead per edge costs minutes, and is too small to see.
+        arrows = {"arrows": True, "arrowsize": 8} if len(graph) <= MAX_LABELLED_NODES else {"arrows": False}
         for kind, (colour, style) in EDGE_STYLE.items():
             edges = [(u, v) for u, v, d in graph.edges(data=True) if d["kind"] == kind]
-            nx.draw_networkx_edges(graph, pos, edgelist=edges, edge_color=colour, style=style,
-                                   arrows=True, arrowsize=8, ax=ax, node_size=420)
+            nx.draw_networkx_edges(graph, pos, edgelist=edges, edge_color=colour, style=style, ax=ax, node_size=420,
+                                   **arrows)
         nodes = list(graph.nodes)
-        fitness = [graph.nodes[n]["fitness"] for n in nodes]
+        # A run stopped inside its first step has placed candidates it never assessed.
+        fitness = [math.nan if graph.nodes[n]["fitness"] is None else graph.nodes[n]["fitness"] for n in nodes]
         drawn = nx.draw_networkx_nodes(graph, pos, nodelist=nodes, node_color=fitness, cmap="RdYlGn",
                                        node_size=420, ax=ax)
         for category, colour in SELECTED_STYLE.items():
@@ -129,10 +134,13 @@ class EvolutionTree:
                 nx.draw_networkx_nodes(graph, pos, nodelist=chosen, node_color="none", edgecolors=colour,
                                        linewidths=2.5, node_size=620, ax=ax)
         if len(nodes) <= MAX_LABELLED_NODES:
-            nx.draw_networkx_labels(graph, pos, {n: f"{graph.nodes[n]['fitness']:.3f}" for n in nodes},
+            labels = {n: "?" if math.isnan(f) else f"{f:.3f}" for n, f in zip(nodes, fitness)}
+            nx.draw_networkx_labels(graph, pos, labels,
                                     font_size=6, font_color="black", ax=ax)
         fig.colorbar(drawn, ax=ax, label="fitness", fraction=0.03)
         generations = sorted({d["generation"] for _, d in graph.nodes(data=True)})
+        # At most MAX_TICKS labels: a long run's thousands of them took most of the drawing.
+        generations = generations[::math.ceil(len(generations) / MAX_TICKS)]
         ax.set_xticks([3 * g for g in generations], [f"gen {g}" for g in generations])
         ax.tick_params(left=False, labelleft=False, bottom=True, labelbottom=True)
         handles = [Line2D([], [], color=c, linestyle=st, label=kind) for kind, (c, st) in EDGE_STYLE.items()]

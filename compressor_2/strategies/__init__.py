@@ -1,23 +1,20 @@
-"""Evolution strategies: one loop each, chosen by CONFIG_STRATEGY (a Kconfig choice whose
-entry `STRATEGY_<NAME>` selects `compressor_2/strategies/<name>.py`). A strategy's private
-arithmetic stands beside its loop (`ga_*.py`, `gepa_pareto.py`, `archive_ops.py`;
-`search.py` is the loop random and CMA-ES share); `operators.py` holds what several use.
-
-A strategy module provides:
-- `estimate(config, n_examples) -> Cost`: what its start and each step cost, before any
+"""Evolution strategies, chosen by CONFIG_STRATEGY (a Kconfig choice whose entry
+`STRATEGY_<NAME>` selects `compressor_2/strategies/<name>.py`): the decisions of each; the
+run's driver (`run/driver.py`) runs every loop. Private arithmetic stands beside them
+(`ga_*.py`, `gepa_pareto.py`, `archive_ops.py`; `search.py`: random's and CMA-ES's steps);
+`operators.py` holds what several use. A strategy module provides:
+- `estimate(config, n_examples) -> Cost`: its start's and each step's cost, before any
   work, for the budget warning;
-- `run(run) -> str`: evolves with the shared services of `run.services.Run` (archive,
-  evaluator, reflector, budget, best-ever, outputs), resuming from its own state when
-  there is one, and returns why it stopped;
-- `OUTPUT_FILES`: the names it writes in the run directory besides the shared services'
-  files, which other commands must not write over.
+- `make(run) -> run.driver.Strategy`: how it starts, one step, its state as one typed
+  object and how it takes that up again, over the services of `run.services.Run`;
+- `OUTPUT_FILES`: the names it writes in the run directory besides the shared files.
 Adding a strategy is adding a module and a Kconfig entry.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from compressor_2.config.kconfig import choice_names
 from compressor_2.errors import ConfigError
@@ -25,6 +22,7 @@ from compressor_2.errors import ConfigError
 if TYPE_CHECKING:
     from compressor_2.config import Config
     from compressor_2.run.budget import Cost
+    from compressor_2.run.driver import Strategy as Decisions
     from compressor_2.run.services import Run
 
 
@@ -33,7 +31,16 @@ class Strategy(Protocol):
 
     def estimate(self, config: Config, n_examples: int) -> Cost: ...
 
-    def run(self, run: Run) -> str: ...
+    def make(self, run: Run) -> Decisions: ...
+
+
+def options_of(config: Config, name: str) -> Any:
+    """The options of strategy `name` (`config.<name>`): the loader parses them when
+    CONFIG_STRATEGY names that strategy."""
+    found = getattr(config, name, None)
+    if found is None:
+        raise ConfigError(f"CONFIG_STRATEGY_{name.upper()}=y is needed for the {name} strategy's options")
+    return found
 
 
 def strategy_names() -> tuple[str, ...]:

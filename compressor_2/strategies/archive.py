@@ -13,8 +13,8 @@ the archive. Iteration t, top to bottom (seed 003, "Execution Lifecycle"):
      try on the parent's failing examples); rejections are archived with their reason;
   6. assess the survivors together, in one engine call, and append them to the archive;
   7. record the feedback entries and a snapshot.
-State (iteration, RNG, the archive's newest candidate) is written after every
-iteration; Ctrl+C, kill -9 and a rerun resume it, replaying the interrupted iteration.
+The run's driver writes the state (iteration, RNG, the archive's newest candidate) after
+every iteration; Ctrl+C, kill -9 and a rerun resume it, replaying the interrupted iteration.
 """
 
 from __future__ import annotations
@@ -22,19 +22,16 @@ from __future__ import annotations
 import json
 import math
 import random
-import sys
-import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from compressor_2.archive.database import Candidate, genome_key
+from compressor_2.archive.database import Candidate, Spot, genome_key
 from compressor_2.archive.lineage import Lineage
-from compressor_2.atomic import atomic_write_json, atomic_write_text
+from compressor_2.atomic import atomic_write_text
 from compressor_2.config import ArchiveOptions, Config
 from compressor_2.deltas import load_deltas, to_list
 from compressor_2.errors import ConfigError
@@ -43,13 +40,12 @@ from compressor_2.reflector.base import MergeRequest, MutationRequest, VectorReq
 from compressor_2.reflector.prompts import estimated_call_tokens
 from compressor_2.run import fields
 from compressor_2.run.budget import Cost
+from compressor_2.run.driver import FIRST_STEP, Report, Strategy
 from compressor_2.run.fields import FieldError
-from compressor_2.run.history import HISTORY_FILE, load_history, save_history
-from compressor_2.run.plots import FITNESS_PLOT, LENGTHS_PLOT, plot_archive, plot_fitness, plot_lengths
-from compressor_2.run.progress import say
-from compressor_2.run.services import Run, resume_command
-from compressor_2.run.state import Member, capture_rng_of, load_strategy_state, restore_rng
-from compressor_2.run.tree import TREE_FILE, TREE_PLOT, EvolutionTree, cand_id
+from compressor_2.run.progress import say, timed
+from compressor_2.run.services import NewCandidate, Run
+from compressor_2.run.state import StateFormat, state_json
+from compressor_2.strategies import options_of
 from compressor_2.strategies.archive_ops import (
     Issue,
     batch_target,
@@ -63,18 +59,16 @@ from compressor_2.strategies.archive_ops import (
 )
 from compressor_2.strategies.operators import append_summary, weighted_average
 
-NAME = "archive"
 STATE_FILE = "archive_state.json"
 SNAPSHOTS_FILE = "snapshots.jsonl"
 PROGRESS_PLOT = "archive_progress.png"
-SEED_STEP = -1  # the seed candidate is placed before iteration 0
 VIABILITY_META = "archive_viability"  # the archive's meta key of the viability rule, read by `show`
 # What it writes in the run directory besides the shared services' files.
 OUTPUT_FILES = (STATE_FILE, SNAPSHOTS_FILE, PROGRESS_PLOT)
 
 
 def estimate(config: Config, n_examples: int) -> Cost:
-    options = _options(config)
+    options = options_of(config, "archive")
     proposals = options.parents_per_iteration * len(options.generators)
     calls = proposals if config.reflector != "local" else 0.0
     per_proposal = n_examples + min(options.postcheck_examples, n_examples)
@@ -82,42 +76,11 @@ def estimate(config: Config, n_examples: int) -> Cost:
                 calls * estimated_call_tokens(config, options.issue_batch))
 
 
-def run(run: Run) -> str:
-    options, out = _options(run.config), run.out
-    state = load_strategy_state(out / STATE_FILE, run.archive)
-    start = state["iteration"] if state else 0
-    if state and start >= options.iterations:
-        _restore_best(run)
-        return f"all {start} iterations have run; raise CONFIG_ARCHIVE_ITERATIONS to go further"
-    rng = random.Random(run.config.seed)
-    archive = Archive(run, options, rng, load_history(out / HISTORY_FILE, before=start))
-    if state:
-        run.archive.rollback(state["last_candidate_id"], from_step=start)
-        restore_rng(state["rng"], into=(rng, np.random.RandomState()))
-        _restore_best(run)
-        _truncate_snapshots(out / SNAPSHOTS_FILE, start)
-        archive.settle_viability()
-        say(f"resuming at iteration {start} of {options.iterations} from {out / STATE_FILE}")
-    else:
-        archive.seed()
-        archive.settle_viability()
-        say(f"evolving an archive for {options.iterations} iterations on {len(run.examples)} training examples "
-            f"({options.parents_per_iteration} parents x {len(options.generators)} generators per iteration)")
-    for t in range(start, options.iterations):
-        if reason := run.stop_reason():
-            archive.stop(reason)
-            return reason
-        try:
-            iteration(archive, t)
-        except KeyboardInterrupt:
-            print(f"\ninterrupted: iteration {t} starts again when you rerun the same command: "
-                  f"{resume_command()}", file=sys.stderr)
-            raise
-    archive.stop(reason := f"all {options.iterations} iterations ran")
-    return reason
+def make(run: Run) -> Archive:
+    return Archive(run, options_of(run.config, "archive"))
 
 
-def iteration(a: Archive, t: int) -> None:
+def iteration(a: Archive, t: int) -> Report:
     options, seconds = a.options, {}
     members, lineage = a.members(), a.run.archive.lineage()  # nothing joins the archive before step 6
     viable = a.viable(members)  # only these can become parents
@@ -151,7 +114,7 @@ def iteration(a: Archive, t: int) -> None:
 
     # 7. Feedback entries and a snapshot.
     made = [p for p in proposals if p is not None]
-    a.record(t, len(jobs) - len(made), len(made), len(made) - len(survivors), accepted, seconds)
+    return a.record(t, len(jobs) - len(made), len(made), len(made) - len(survivors), accepted, seconds)
 
 
 @dataclass(frozen=True)
@@ -175,32 +138,55 @@ class Proposal:
     change: str  # the change summary
 
 
-@contextmanager
-def timed(seconds: dict[str, float], stage: str) -> Iterator[None]:
-    """Adds the block's wall time to `seconds[stage]`."""
-    started = time.perf_counter()
-    try:
-        yield
-    finally:
-        seconds[stage] = round(seconds.get(stage, 0.0) + time.perf_counter() - started, 3)
+@dataclass(frozen=True)
+class NoState:
+    """The archive strategy keeps nothing of its own between iterations: the archive is its
+    state, and the driver keeps the iteration and the RNG."""
 
 
-class Archive:
+class Archive(Strategy):
     """The strategy's services over the run archive: selection, generators, gate,
     assessment, records."""
 
-    def __init__(self, run: Run, options: ArchiveOptions, rng: random.Random,
-                 history: list[dict[str, Any]]) -> None:
-        self.run, self.options, self.rng, self.history = run, options, rng, history
+    step_name, steps_symbol, proposer = "iteration", "CONFIG_ARCHIVE_ITERATIONS", "the reflector"
+    progress_plot = PROGRESS_PLOT
+    state_format = StateFormat(STATE_FILE, "iteration", ("random",), lambda raw: NoState(), state_json)
+
+    def __init__(self, run: Run, options: ArchiveOptions) -> None:
+        self.run, self.options = run, options
+        self.steps = options.iterations
+        self.rng = random.Random(run.config.seed)
         self.generation_pool = run.workers.pool(options.generation_concurrency, "generator")
         self.gold_tokens = run.gold_tokens
         self._records: dict[int, Evaluation] = {}
         self.threshold = 0.0  # the least correctness of a viable candidate (`settle_viability`)
 
+    def rngs(self) -> Mapping[str, Any]:
+        return {"random": self.rng}
+
+    def start(self) -> None:
+        self.seed()
+        self.settle_viability()
+        say(f"evolving an archive for {self.options.iterations} iterations on {len(self.run.examples)} training "
+            f"examples ({self.options.parents_per_iteration} parents x {len(self.options.generators)} generators "
+            "per iteration)")
+
+    def restore(self, own: NoState, t: int) -> None:
+        """The snapshots of the iterations a resume replays are written again."""
+        del own
+        _truncate_snapshots(self.run.out / SNAPSHOTS_FILE, t)
+        self.settle_viability()
+
+    def own_state(self) -> NoState:
+        return NoState()
+
+    def step(self, t: int) -> Report:
+        return iteration(self, t)
+
     # -- the archive's members ----------------------------------------------------------
 
     def members(self) -> list[Candidate]:
-        return self.run.archive.candidates("status = 'evaluated' AND fitness IS NOT NULL")
+        return self.run.archive.assessed()
 
     def evaluation(self, candidate: Candidate) -> Evaluation:
         """Its records on the pool, served from the cache (no metric call)."""
@@ -211,22 +197,17 @@ class Archive:
 
     def seed(self) -> None:
         """The seed candidate: the initial deltas, assessed on the pool."""
-        self.run.start_afresh(self.run.out / STATE_FILE, SEED_STEP)
         deltas = load_deltas(self.run.config.initial_deltas_path, self.run.cluster_ids)
         [evaluation] = self.run.evaluate([to_list(deltas)], "seed candidate")
-        [seed] = self.run.archive.add([Candidate(deltas, "", "initial", (), NAME, 0, fitness=evaluation.fitness,
-                                                 mean_tokens=evaluation.mean_tokens,
-                                                 correctness=evaluation.correctness)])
+        [seed] = self.run.admit(FIRST_STEP, [NewCandidate(deltas, "", "initial", (), 0, evaluation,
+                                                      spot=Spot(0, "cand", 0))])
         assert seed.id is not None
         self._records[seed.id] = evaluation
-        self.run.archive.place([(cand_id(seed.id), seed.id, 0, "cand", 0)], SEED_STEP)
-        self.run.best.consider([(Member(dict(deltas), "", seed.id), evaluation)])
-        self.save_state(0)
 
     def settle_viability(self) -> None:
         """Seed 003's isViable: correctness at least CONFIG_ARCHIVE_MIN_CORRECTNESS times the
         seed candidate's. The rule and its threshold go to the archive's meta for `show`."""
-        [seed] = self.run.archive.candidates("operator = 'initial'")
+        [seed] = self.run.archive.initial()
         self.threshold = viability_threshold(self.options.min_correctness, seed.correctness or 0.0)
         self.run.archive.set_meta({VIABILITY_META: json.dumps({
             "min_correctness": self.options.min_correctness, "seed_correctness": seed.correctness,
@@ -289,7 +270,7 @@ class Archive:
     # -- 5. the gate ------------------------------------------------------------------------
 
     def postcheck(self, t: int, proposals: Sequence[Proposal]) -> list[Proposal]:
-        known = {genome_key(to_list(c.deltas)) for c in self.run.archive.candidates()}
+        known = self.run.archive.genomes()
         survivors, rejected = [], []
         for p in proposals:
             key = genome_key(to_list(p.deltas))
@@ -304,7 +285,7 @@ class Archive:
         if self.options.postcheck_examples and survivors:
             survivors = self._try_on_failures(survivors, rejected)
         if rejected:
-            added = self.run.archive.add([self.candidate(t, p, "rejected", why) for p, why in rejected])
+            added = self.run.admit(t, [self.candidate(t, p, "rejected", why) for p, why in rejected])
             self.run.archive.record_feedback([
                 (c.id, p.job.parent.id, t, p.job.generator, p.change, f"rejected by the post-check: {c.note}")
                 for c, (p, _) in zip(added, rejected) if c.id is not None and p.job.parent.id is not None])
@@ -340,29 +321,24 @@ class Archive:
         for i in range(0, len(survivors), size):
             evaluations += self.run.evaluate([to_list(p.deltas) for p in survivors[i:i + size]],
                                              f"iteration {t} proposals")
-        added = self.run.archive.add([
-            self.candidate(t, p, "evaluated", "", e) for p, e in zip(survivors, evaluations)])
+        added = self.run.admit(t, [self.candidate(t, p, "evaluated", "", e, Spot(t + 1, "cand", i))
+                                   for i, (p, e) in enumerate(zip(survivors, evaluations))])
         for c, e in zip(added, evaluations):
             assert c.id is not None
             self._records[c.id] = e
-        self.run.archive.place([(cand_id(c.id), c.id, t + 1, "cand", i)
-                                for i, c in enumerate(added) if c.id is not None], t)
-        self.run.best.consider([(Member(dict(c.deltas), c.scratchpad, c.id), e)
-                                for c, e in zip(added, evaluations) if c.id is not None])
         return list(zip(survivors, added, evaluations))
 
-    def candidate(self, t: int, p: Proposal, status: str, note: str,
-                  evaluation: Evaluation | None = None) -> Candidate:
-        return Candidate(p.deltas, p.scratchpad, p.operator, p.parents, NAME, t + 1, status, note,
-                         evaluation.fitness if evaluation else None, evaluation.mean_tokens if evaluation else None,
-                         evaluation.correctness if evaluation else None)
+    def candidate(self, t: int, p: Proposal, status: str, note: str, evaluation: Evaluation | None = None,
+                  spot: Spot | None = None) -> NewCandidate:
+        return NewCandidate(p.deltas, p.scratchpad, p.operator, p.parents, t + 1, evaluation, status, note, spot)
 
     # -- 7. records -------------------------------------------------------------------------
 
     def record(self, t: int, skipped: int, proposed: int, rejected: int,
-               accepted: Sequence[tuple[Proposal, Candidate, Evaluation]], seconds: dict[str, float]) -> None:
-        """`skipped`: generator calls that gave no proposal (the reflector's replies were
-        invalid twice, or a crossover found no partner)."""
+               accepted: Sequence[tuple[Proposal, Candidate, Evaluation]], seconds: dict[str, float]) -> Report:
+        """The feedback entries and the iteration's snapshot (its history entry). `skipped`:
+        generator calls that gave no proposal (the reflector's replies were invalid twice,
+        or a crossover found no partner)."""
         entries = []
         for p, c, e in accepted:
             parent = self.evaluation(p.job.parent)
@@ -371,50 +347,34 @@ class Archive:
                             f"tokens {parent.mean_tokens:.1f} -> {e.mean_tokens:.1f}, correct "
                             f"{100 * parent.correctness:.1f}% -> {100 * e.correctness:.1f}%"))
         self.run.archive.record_feedback(entries)
+        snapshot = {"generation": t, **self.census(), "proposals": proposed, "skipped": skipped,
+                    "rejected": rejected, "accepted": len(accepted), "seconds": seconds}
+        snapshot.update(zip(("metric_calls", "reflector_calls", "reflector_tokens"), self.spent()))
+        with (self.run.out / SNAPSHOTS_FILE).open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(snapshot) + "\n")
+        return Report([snapshot], f"iteration {t + 1} of {self.options.iterations}: archive "
+                                  f"{snapshot['archive_size']} ({snapshot['viable']} viable)  best "
+                                  f"{snapshot['best_fitness']:.4f}  p50 {snapshot['p50']:.4f}  proposals {proposed} "
+                                  f"(rejected {rejected}, accepted {len(accepted)}; {skipped} generator calls without "
+                                  f"one)  metric calls {snapshot['metric_calls']}  elapsed "
+                                  f"{self.run.budget.seconds():.0f}s")
+
+    def census(self) -> dict[str, Any]:
+        """The archive's members as a snapshot counts them."""
         members = self.members()
         scores = [m.fitness or 0.0 for m in members]
         best = max(members, key=lambda m: (m.fitness or 0.0, -(m.id or 0)))
+        return {"archive_size": len(members), "best_fitness": max(scores), "mean_fitness": float(np.mean(scores)),
+                "p10": float(np.percentile(scores, 10)), "p50": float(np.percentile(scores, 50)),
+                "p90": float(np.percentile(scores, 90)), "best_ever_fitness": self.run.best.fitness,
+                "best_candidate": best.id, "viable": len(self.viable(members)),
+                "mean_tokens": float(np.mean([m.mean_tokens or 0.0 for m in members])),
+                "best_mean_tokens": best.mean_tokens, "best_correctness": best.correctness}
+
+    def spent(self) -> tuple[int, int, int]:
+        """(metric calls, reflector calls, reflector tokens) so far."""
         calls, prompt, completion = self.run.archive.reflector_tokens()
-        snapshot = {
-            "generation": t, "archive_size": len(members), "best_fitness": max(scores),
-            "mean_fitness": float(np.mean(scores)),
-            "p10": float(np.percentile(scores, 10)), "p50": float(np.percentile(scores, 50)),
-            "p90": float(np.percentile(scores, 90)),
-            "best_ever_fitness": self.run.best.fitness, "best_candidate": best.id,
-            "viable": len(self.viable(members)),
-            "mean_tokens": float(np.mean([m.mean_tokens or 0.0 for m in members])),
-            "best_mean_tokens": best.mean_tokens, "best_correctness": best.correctness,
-            "proposals": proposed, "skipped": skipped, "rejected": rejected, "accepted": len(accepted),
-            "seconds": seconds, "metric_calls": self.run.archive.metric_calls(),
-            "reflector_calls": calls, "reflector_tokens": prompt + completion,
-        }
-        out = self.run.out
-        with (out / SNAPSHOTS_FILE).open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(snapshot) + "\n")
-        self.history[t:] = [snapshot]
-        save_history(out / HISTORY_FILE, self.history)
-        tree = EvolutionTree.from_archive(self.run.archive)
-        tree.save(out / TREE_FILE)
-        self.save_state(t + 1)
-        plot_fitness(self.history, out / FITNESS_PLOT)
-        plot_lengths(self.history, out / LENGTHS_PLOT)
-        plot_archive(self.history, out / PROGRESS_PLOT)
-        tree.render(out / TREE_PLOT)
-        say(f"iteration {t + 1} of {self.options.iterations}: archive {len(members)} ({snapshot['viable']} viable)  "
-            f"best {max(scores):.4f}  "
-            f"p50 {snapshot['p50']:.4f}  proposals {proposed} (rejected {rejected}, accepted {len(accepted)}; "
-            f"{skipped} generator calls without one)  "
-            f"metric calls {snapshot['metric_calls']}  elapsed {self.run.budget.seconds():.0f}s")
-
-    def save_state(self, iteration: int) -> None:
-        atomic_write_json(self.run.out / STATE_FILE, {
-            "iteration": iteration, "rng": capture_rng_of(self.rng),
-            "last_candidate_id": self.run.archive.last_candidate_id()})
-
-    def stop(self, reason: str) -> None:
-        if self.history:
-            self.history[-1]["stop_reason"] = reason
-            save_history(self.run.out / HISTORY_FILE, self.history)
+        return self.run.archive.metric_calls(), calls, prompt + completion
 
 
 # -- generators: (archive, job) -> a proposal, or None when the reflector gave none --------
@@ -470,18 +430,6 @@ GENERATORS: dict[str, Callable[[Archive, Job], Proposal | None]] = {
 
 
 # -- helpers --------------------------------------------------------------------------------
-
-def _restore_best(run: Run) -> None:
-    """The best-ever is the archive's fittest kept candidate."""
-    best = run.archive.best()
-    if best is not None and best.id is not None:
-        run.best.member, run.best.fitness = Member(dict(best.deltas), best.scratchpad, best.id), best.fitness
-
-
-def _options(config: Config) -> ArchiveOptions:
-    if config.archive is None:
-        raise ConfigError("CONFIG_STRATEGY_ARCHIVE=y is needed for the archive strategy's options")
-    return config.archive
 
 
 

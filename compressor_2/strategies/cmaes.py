@@ -19,15 +19,14 @@ from deap import cma
 
 from compressor_2.config import CmaesOptions, Config
 from compressor_2.deltas import clamp_rows, load_deltas, to_list
-from compressor_2.errors import ConfigError
 from compressor_2.run import fields
 from compressor_2.run.budget import Cost
 from compressor_2.run.fields import FieldError
 from compressor_2.run.services import Run
+from compressor_2.strategies import options_of
 from compressor_2.strategies.ga_individual import new_individual
-from compressor_2.strategies.search import search
+from compressor_2.strategies.search import Search
 
-NAME = "cmaes"
 STATE_FILE = "cmaes_state.json"
 # What it writes in the run directory besides the shared services' files.
 OUTPUT_FILES = (STATE_FILE,)
@@ -41,14 +40,15 @@ SIGMA_RANGE = (sys.float_info.min, 1e100)
 
 def estimate(config: Config, n_examples: int) -> Cost:
     dimension = config.num_clusters + 2  # the k-means clusters, EOS and numbers
-    return Cost("generation", n_examples, population_size(_options(config), dimension) * n_examples, 0.0)
+    return Cost("generation", n_examples, population_size(options_of(config, "cmaes"), dimension) * n_examples, 0.0)
 
 
-def run(run: Run) -> str:
-    options = _options(run.config)
+def make(run: Run) -> Search:
+    options = options_of(run.config, "cmaes")
     centre = to_list(load_deltas(run.config.initial_deltas_path, run.cluster_ids))
     strategy = cma.Strategy(centroid=centre, sigma=options.sigma, lambda_=population_size(options, len(centre)))
-    return search(run, CmaesSampler(strategy), NAME, options.generations, STATE_FILE, "generation")
+    return Search(run, CmaesSampler(strategy), "cmaes", options.generations, STATE_FILE, "generation",
+                  "CONFIG_CMAES_GENERATIONS")
 
 
 def population_size(options: CmaesOptions, dimension: int) -> int:
@@ -108,8 +108,3 @@ def _array(state: dict[str, Any], name: str, shape: tuple[int, ...]) -> np.ndarr
         raise FieldError(f"sampler.{name} is {fields.shown(found)}, not {' x '.join(map(str, shape))} finite numbers")
     return array
 
-
-def _options(config: Config) -> CmaesOptions:
-    if config.cmaes is None:
-        raise ConfigError("CONFIG_STRATEGY_CMAES=y is needed for the CMA-ES strategy's options")
-    return config.cmaes

@@ -13,8 +13,7 @@ from typing import Protocol, TypeVar
 
 from deap import tools
 
-from compressor_2.config import Config
-from compressor_2.errors import ConfigError
+from compressor_2.config import GaOptions
 
 T = TypeVar("T")
 
@@ -72,28 +71,20 @@ class Uniform:
         return tools.selRandom(population, k)
 
 
-def _size(symbol: str, value: int | None, population_size: int) -> int:
-    """Seed 000 §2: a tournament size or truncation top-k lies in [2, population]."""
-    if value is None or not 2 <= value <= population_size:
-        raise ConfigError(f"{symbol}={value} must be in [2, population] = [2, {population_size}]")
-    return value
-
-
-SELECTIONS: dict[str, Callable[[Config], Selection]] = {
-    "tournament": lambda c: Tournament(_size("CONFIG_TOURNAMENT_SIZE", c.tournament_size, c.population_size)),
-    "truncation": lambda c: Truncation(_size("CONFIG_TRUNCATION_TOP_K", c.truncation_top_k, c.population_size)),
-    "llm": lambda c: Uniform(),
+SELECTIONS: dict[str, Callable[[GaOptions], Selection]] = {
+    "tournament": lambda o: Tournament(o.tournament_size or 0),
+    "truncation": lambda o: Truncation(o.truncation_top_k or 0),
+    "llm": lambda o: Uniform(),
 }
 
 
-def make_selection(config: Config) -> Selection:
-    if config.selection not in SELECTIONS:
-        raise ConfigError(f"CONFIG_SELECTION={config.selection!r} is unknown; use one of {', '.join(SELECTIONS)}")
-    return SELECTIONS[config.selection](config)
+def make_selection(options: GaOptions) -> Selection:
+    """CONFIG_SELECTION's selection, with the sizes `ga_options` checked."""
+    return SELECTIONS[options.selection](options)
 
 
-def make_fallback(config: Config) -> Selection | None:
+def make_fallback(options: GaOptions) -> Selection | None:
     """CONFIG_SELECTION_FALLBACK's selection, for when the selector's reply is invalid twice."""
-    if config.selection != "llm" or config.selection_fallback is None:
+    if options.selection != "llm" or options.selection_fallback is None:
         return None
-    return make_selection(replace(config, selection=config.selection_fallback))
+    return make_selection(replace(options, selection=options.selection_fallback))

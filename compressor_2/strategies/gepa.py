@@ -11,8 +11,9 @@ the Pareto front, the rest (the feedback set) the minibatches. The engine loop:
      the pool;
   4. update the Pareto front;
   5. stop on the budgets (CONFIG_MAX_METRIC_CALLS is GEPA's natural stop).
-The state (iteration, RNG, sampler, merge counters, the pool, the front) is written after
-every iteration; a rerun resumes it, and the valset scores come back from the archive.
+The state (the split, the sampler, the merge counters, the pool, the front; with the
+iteration and the RNG the run's driver keeps) is written after every iteration; a rerun
+resumes it, and the valset scores come back from the archive.
 """
 
 from __future__ import annotations
@@ -21,14 +22,13 @@ import dataclasses
 import functools
 import random
 import statistics
-import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from compressor_2.archive.database import Candidate
+from compressor_2.archive.database import Candidate, Spot
 from compressor_2.atomic import atomic_write_json
 from compressor_2.config import Config, GepaOptions
 from compressor_2.data.example import Example
@@ -40,13 +40,12 @@ from compressor_2.reflector.base import MutationRequest, VectorRequest
 from compressor_2.reflector.prompts import estimated_call_tokens
 from compressor_2.run import fields
 from compressor_2.run.budget import Cost
+from compressor_2.run.driver import FIRST_STEP, Report, Strategy
 from compressor_2.run.fields import FieldError
-from compressor_2.run.history import HISTORY_FILE, load_history, save_history
-from compressor_2.run.plots import FITNESS_PLOT, LENGTHS_PLOT, plot_archive, plot_fitness, plot_lengths
 from compressor_2.run.progress import say
-from compressor_2.run.services import Run, resume_command
-from compressor_2.run.state import Member, capture_rng_of, held_list, load_strategy_state, restore_rng
-from compressor_2.run.tree import TREE_FILE, TREE_PLOT, EvolutionTree, cand_id
+from compressor_2.run.services import NewCandidate, Run
+from compressor_2.run.state import Member, StateFormat, candidate_ids, held_list, state_json
+from compressor_2.strategies import options_of
 from compressor_2.strategies.gepa_pareto import (
     EpochSampler,
     find_merge_triplet,
@@ -60,11 +59,9 @@ from compressor_2.strategies.gepa_pareto import (
 )
 from compressor_2.strategies.operators import append_summary
 
-NAME = "gepa"
 STATE_FILE = "gepa_state.json"
 FRONT_FILE = "pareto_front.json"
 PROGRESS_PLOT = "gepa_progress.png"
-SEED_STEP = -1
 # What it writes in the run directory besides the shared services' files.
 OUTPUT_FILES = (STATE_FILE, FRONT_FILE, PROGRESS_PLOT)
 
@@ -72,62 +69,38 @@ OUTPUT_FILES = (STATE_FILE, FRONT_FILE, PROGRESS_PLOT)
 def estimate(config: Config, n_examples: int) -> Cost:
     """GEPA's cost model: the seed costs |valset|; each proposal a minibatch twice (before,
     after; the parent's answers are often cached) and, when kept, |valset|."""
-    options = _options(config)
+    options = options_of(config, "gepa")
     valset = _valset_size(options, n_examples)
     calls = 1.0 if config.reflector != "local" else 0.0
     return Cost("iteration", valset, 2 * options.minibatch_size + valset,
                 calls * estimated_call_tokens(config, options.minibatch_size))
 
 
-def run(run: Run) -> str:
-    options, out = _options(run.config), run.out
-    saved = load_strategy_state(out / STATE_FILE, run.archive, functools.partial(read_state, run=run))
-    g = Gepa(run, options, random.Random(run.config.seed), load_history(out / HISTORY_FILE,
-                                                                            before=saved["iteration"] if saved else 0))
-    if saved:
-        g.resume(saved)
-        say(f"resuming at iteration {g.iteration} from {out / STATE_FILE} ({len(g.pool)} candidates in the pool)")
-    else:
-        g.start()
-        say(f"GEPA on {len(g.valset)} valset and {len(g.sampler.ids)} feedback examples, minibatches of "
-            f"{options.minibatch_size}, until CONFIG_MAX_METRIC_CALLS={run.config.max_metric_calls}")
-    while True:
-        if reason := run.stop_reason():
-            g.stop(reason)
-            return reason
-        try:
-            record = iteration(g, g.iteration)
-        except KeyboardInterrupt:
-            print(f"\ninterrupted: iteration {g.iteration} starts again when you rerun the same command: "
-                  f"{resume_command()}", file=sys.stderr)
-            raise
-        g.finish(record)
+def make(run: Run) -> Gepa:
+    return Gepa(run, options_of(run.config, "gepa"))
 
 
 def iteration(g: Gepa, t: int) -> dict[str, Any]:
     # 2. The merge proposer when it is due (the last iteration found a new program and a
     # merge was scheduled); when it finds no pair, the reflective proposer runs instead.
-    if g.options.use_merge and g.last_found_new and g.merges_due > 0:
-        g.last_found_new = False
+    if g.options.use_merge and g.state.last_found_new and g.state.merges_due > 0:
+        g.state.last_found_new = False
         merged = g.merge(t)
         if merged is not None:
             return merged
-    g.last_found_new = False
+    g.state.last_found_new = False
     return g.reflect(t)
 
 
 @dataclass
-class Gepa:
-    run: Run
-    options: GepaOptions
-    rng: random.Random
-    history: list[dict[str, Any]]
-    iteration: int = 0
-    valset: list[str] = field(default_factory=list)
-    sampler: EpochSampler = field(default_factory=lambda: EpochSampler([], 1))
-    pool: list[int] = field(default_factory=list)
-    val_scores: dict[int, dict[str, float]] = field(default_factory=dict)
-    evaluations: dict[int, Evaluation] = field(default_factory=dict)
+class GepaState:
+    """What GEPA keeps between iterations besides the RNG: the split, the sampler, the
+    pool, the merge counters and what merges were tried, each candidate's next round-robin
+    component; and the front, written for other tools."""
+
+    valset: list[str]
+    sampler: EpochSampler
+    pool: list[int]
     merges_due: int = 0
     merges_tested: int = 0
     merges_performed: list[list[int]] = field(default_factory=list)  # [first, second, ancestor]
@@ -135,6 +108,26 @@ class Gepa:
     last_found_new: bool = False
     # candidate id -> its round-robin index; a kept child starts at its parents' (the highest)
     next_component: dict[str, int] = field(default_factory=dict)
+    pareto_front: dict[str, Any] = field(default_factory=dict)
+
+
+class Gepa(Strategy):
+    """Seed 004's engine's decisions; the run's driver runs its loop."""
+
+    step_name, steps, steps_symbol, proposer = "iteration", None, "", "the reflector"
+    progress_plot = PROGRESS_PLOT
+
+    def __init__(self, run: Run, options: GepaOptions) -> None:
+        self.run, self.options = run, options
+        self.rng = random.Random(run.config.seed)
+        self.state = GepaState([], EpochSampler([], 1), [])
+        self.val_scores: dict[int, dict[str, float]] = {}
+        self.evaluations: dict[int, Evaluation] = {}
+        self.state_format = StateFormat(STATE_FILE, "iteration", ("random",), functools.partial(read_own, run=run),
+                                        state_json, check_own)
+
+    def rngs(self) -> Mapping[str, Any]:
+        return {"random": self.rng}
 
     @functools.cached_property
     def by_id(self) -> dict[str, Example]:
@@ -150,85 +143,98 @@ class Gepa:
     # -- 1. the split and the seed ----------------------------------------------------------
 
     def start(self) -> None:
-        self.run.start_afresh(self.run.out / STATE_FILE, SEED_STEP)
-        self.valset = split_valset(self.run.examples, self.options, random.Random(self.run.config.seed))
-        feedback = [ex.id for ex in self.run.examples if ex.id not in set(self.valset)]
-        self.sampler = EpochSampler(feedback, self.options.minibatch_size)
+        valset = split_valset(self.run.examples, self.options, random.Random(self.run.config.seed))
+        feedback = [ex.id for ex in self.run.examples if ex.id not in set(valset)]
+        self.state = GepaState(valset, EpochSampler(feedback, self.options.minibatch_size), [])
         deltas = load_deltas(self.run.config.initial_deltas_path, self.run.cluster_ids)
-        seed = self.add(deltas, "", "initial", (), 0, "seed candidate")
-        self.run.archive.place([(cand_id(seed), seed, 0, "cand", 0)], SEED_STEP)
-        self.save_state()
+        self.add(deltas, "", "initial", (), 0, "seed candidate", step=FIRST_STEP)
+        say(f"GEPA on {len(valset)} valset and {len(feedback)} feedback examples, minibatches of "
+            f"{self.options.minibatch_size}, until CONFIG_MAX_METRIC_CALLS={self.run.config.max_metric_calls}")
 
-    def resume(self, saved: dict[str, Any]) -> None:
-        self.iteration = saved["iteration"]
-        self.run.archive.rollback(saved["last_candidate_id"], from_step=self.iteration)
-        restore_rng(saved["rng"], into=(self.rng, np.random.RandomState()))
-        self.valset = saved["valset"]
-        self.sampler = EpochSampler(**saved["sampler"])
-        self.merges_due, self.merges_tested = saved["merges_due"], saved["merges_tested"]
-        self.merges_performed, self.merge_descriptions = saved["merges_performed"], saved["merge_descriptions"]
-        self.last_found_new, self.next_component = saved["last_found_new"], saved["next_component"]
-        members = {c.id: c for c in self.run.archive.candidates()}
-        for cid in saved["pool"]:
-            self.assess(members[cid])  # served from the archive; sampled afresh when CONFIG_TEMPERATURE > 0
-            self.pool.append(cid)
-        # The stored best is the pool's best aggregate as the archive records it; a member
-        # whose fresh valset samples beat it replaces it (seed 000 §2, resume).
-        stored = members[max(self.pool, key=lambda c: (members[c].fitness or 0.0, -c))]
-        self.run.best.member = Member(dict(stored.deltas), stored.scratchpad, stored.id or 0)
-        self.run.best.fitness = stored.fitness
+    def restore(self, own: GepaState, t: int) -> None:
+        """The pool's valset scores, served from the archive (sampled afresh when
+        CONFIG_TEMPERATURE > 0: a member whose fresh samples beat the stored best replaces
+        it, seed 000 §2, and the archive records its new aggregate for the next resume)."""
+        self.state = own
+        members = self.run.archive.among(own.pool)
+        for cid in own.pool:
+            self.assess(members[cid])
         if self.run.best.consider([(Member(dict(members[c].deltas), members[c].scratchpad, c),
-                                    replace(self.evaluations[c], fitness=self.aggregate(c))) for c in self.pool]):
+                                    replace(self.evaluations[c], fitness=self.aggregate(c))) for c in own.pool]):
             assert self.run.best.member is not None
-            best = self.run.best.member.candidate_id  # the archive records its new fitness: the next resume's
+            best = self.run.best.member.candidate_id
             self.run.archive.assess(best, self.aggregate(best), self.evaluations[best].mean_tokens,
                                     self.evaluations[best].correctness)
+
+    def own_state(self) -> GepaState:
+        return replace(self.state, pareto_front=self.front_json())
+
+    def step(self, t: int) -> Report:
+        """Iteration t, then its history entry, the front and its line."""
+        record = iteration(self, t)
+        aggregates = [self.aggregate(c) for c in self.state.pool]
+        best = max(self.state.pool, key=lambda c: (self.aggregate(c), -c))
+        entry = {"generation": t, **record, "pool": len(self.state.pool), "best_fitness": max(aggregates),
+                 "mean_fitness": statistics.fmean(aggregates), "best_ever_fitness": self.run.best.fitness,
+                 "p10": float(np.percentile(aggregates, 10)), "p50": float(np.percentile(aggregates, 50)),
+                 "p90": float(np.percentile(aggregates, 90)),
+                 "mean_tokens": statistics.fmean(self.evaluations[c].mean_tokens for c in self.state.pool),
+                 "best_mean_tokens": self.evaluations[best].mean_tokens, "merges_due": self.state.merges_due,
+                 "merges_tested": self.state.merges_tested, "metric_calls": self.run.archive.metric_calls()}
+        atomic_write_json(self.run.out / FRONT_FILE, self.front_json())
+        kept = "kept" if record.get("accepted") else record.get("skipped", "rejected")
+        scores = (f" ({record['before']:.4f} -> {record['after']:.4f})" if "after" in record else "")
+        return Report([entry], f"iteration {t}: {record['proposer']} {kept}{scores}  pool {len(self.state.pool)}  best "
+                               f"{max(aggregates):.4f}  metric calls {entry['metric_calls']}  elapsed "
+                               f"{self.run.budget.seconds():.0f}s")
 
     # -- pool -------------------------------------------------------------------------------
 
     def assess(self, candidate: Candidate) -> Evaluation:
         """The candidate on the valset; its scores go to `val_scores`."""
         assert candidate.id is not None
-        [evaluation] = self.run.evaluate([to_list(candidate.deltas)], "valset", self.examples(self.valset))
+        [evaluation] = self.run.evaluate([to_list(candidate.deltas)], "valset", self.examples(self.state.valset))
         self.evaluations[candidate.id] = evaluation
         self.val_scores[candidate.id] = {r.id: s for r, s in zip(evaluation.records, evaluation.scores)}
         return evaluation
 
-    def add(self, deltas: dict[str, float], scratchpad: str, operator: str, parents: tuple[int, ...], step: int,
-            label: str, note: str = "") -> int:
-        """Evaluates a kept proposal fully on the valset and adds it to the pool."""
-        [evaluation] = self.run.evaluate([to_list(deltas)], label, self.examples(self.valset))
-        aggregate = statistics.fmean(evaluation.scores)
-        [c] = self.run.archive.add([Candidate(deltas, scratchpad, operator, parents, NAME, step, "evaluated", note,
-                                              aggregate, evaluation.mean_tokens, evaluation.correctness)])
+    def add(self, deltas: dict[str, float], scratchpad: str, operator: str, parents: tuple[int, ...], made_in: int,
+            label: str, note: str = "", step: int | None = None) -> int:
+        """Evaluates a kept proposal fully on the valset and adds it to the pool: a candidate
+        whose fitness is its aggregate valset score, placed in the column of `made_in`."""
+        [evaluation] = self.run.evaluate([to_list(deltas)], label, self.examples(self.state.valset))
+        aggregate = replace(evaluation, fitness=statistics.fmean(evaluation.scores))
+        [c] = self.run.admit(made_in - 1 if step is None else step, [NewCandidate(
+            deltas, scratchpad, operator, parents, made_in, aggregate, note=note,
+            spot=Spot(made_in, "cand", len(self.state.pool)))])
         assert c.id is not None
         self.evaluations[c.id] = evaluation
         self.val_scores[c.id] = {r.id: s for r, s in zip(evaluation.records, evaluation.scores)}
-        self.pool.append(c.id)
+        self.state.pool.append(c.id)
         if parents:  # GEPA hands a new program its parents' round-robin position, the highest of them
-            self.next_component[str(c.id)] = max(self.next_component.get(str(p), 0) for p in parents)
-        self.run.best.consider([(Member(dict(deltas), scratchpad, c.id), replace(evaluation, fitness=aggregate))])
+            self.state.next_component[str(c.id)] = max(self.state.next_component.get(str(p), 0) for p in parents)
         return c.id
 
-    def reject(self, deltas: dict[str, float], scratchpad: str, operator: str, parents: tuple[int, ...], step: int,
+    def reject(self, deltas: dict[str, float], scratchpad: str, operator: str, parents: tuple[int, ...], made_in: int,
                note: str) -> int:
-        [c] = self.run.archive.add([Candidate(deltas, scratchpad, operator, parents, NAME, step, "rejected", note)])
+        [c] = self.run.admit(made_in - 1, [NewCandidate(deltas, scratchpad, operator, parents, made_in,
+                                                    status="rejected", note=note)])
         assert c.id is not None
         return c.id
 
     def fronts(self) -> list[set[int]]:
-        return [holders for _, holders in pareto_front({c: self.val_scores[c] for c in self.pool}).values()]
+        return [holders for _, holders in pareto_front({c: self.val_scores[c] for c in self.state.pool}).values()]
 
     # -- the reflective mutation proposer (seed 004, steps 1-8) ------------------------------
 
     def select_parent(self) -> int:
-        aggregates = {c: self.aggregate(c) for c in self.pool}
-        best = max(self.pool, key=lambda c: (aggregates[c], -c))
+        aggregates = {c: self.aggregate(c) for c in self.state.pool}
+        best = max(self.state.pool, key=lambda c: (aggregates[c], -c))
         selector = self.options.candidate_selector
         if selector == "current_best":
             return best
         if selector == "epsilon_greedy":
-            return self.rng.choice(self.pool) if self.rng.random() < self.options.epsilon else best
+            return self.rng.choice(self.state.pool) if self.rng.random() < self.options.epsilon else best
         return select_from_front(self.fronts(), aggregates, self.rng)
 
     def reflect(self, t: int) -> dict[str, Any]:
@@ -236,7 +242,7 @@ class Gepa:
         pid = self.select_parent()                                                          # 1. candidate
         parent = archive.candidate(pid)
         assert parent is not None
-        ids = self.sampler.next(self.rng)                                                   # 2. minibatch
+        ids = self.state.sampler.next(self.rng)                                                   # 2. minibatch
         minibatch = self.examples(ids)
         [before] = self.run.evaluate([to_list(parent.deltas)], f"iteration {t} parent", minibatch)  # 3. before
         record: dict[str, Any] = {"proposer": "reflective", "parent": pid, "minibatch": ids,
@@ -273,9 +279,9 @@ class Gepa:
             if vector.deltas is None:
                 return None, "", ""
             return vector.deltas, append_summary(parent.scratchpad, vector.summary), "all clusters"
-        k = self.next_component.get(str(parent.id), 0)
+        k = self.state.next_component.get(str(parent.id), 0)
         target = self.run.cluster_ids[k]
-        self.next_component[str(parent.id)] = (k + 1) % len(self.run.cluster_ids)
+        self.state.next_component[str(parent.id)] = (k + 1) % len(self.run.cluster_ids)
         result = self.run.reflector.mutate(MutationRequest(t, 0, target, deltas, parent.scratchpad, before.fitness,
                                                            records, parent.id))
         if result.delta is None:
@@ -283,33 +289,33 @@ class Gepa:
         return {**deltas, target: result.delta}, result.scratchpad, f"cluster {target}"
 
     def found_new(self) -> None:
-        self.last_found_new = True
-        if self.options.use_merge and self.merges_tested < self.options.max_merge_invocations:
-            self.merges_due += 1
+        self.state.last_found_new = True
+        if self.options.use_merge and self.state.merges_tested < self.options.max_merge_invocations:
+            self.state.merges_due += 1
 
     # -- the merge proposer (seed 004, steps 1-9) ---------------------------------------------
 
     def merge(self, t: int) -> dict[str, Any] | None:
         archive, eps = self.run.archive, self.options.merge_eps
-        aggregates = {c: self.aggregate(c) for c in self.pool}
+        aggregates = {c: self.aggregate(c) for c in self.state.pool}
         dominators = sorted(remove_dominated(self.fronts(), aggregates))
-        members = {c.id: c for c in archive.candidates(f"id IN ({','.join(map(str, self.pool))})")}
-        genomes = {c: to_list(members[c].deltas) for c in self.pool}
+        members = archive.among(self.state.pool)
+        genomes = {c: to_list(members[c].deltas) for c in self.state.pool}
         lineage = archive.lineage()
-        tried = {tuple(m) for m in self.merges_performed}
+        tried = {tuple(m) for m in self.state.merges_performed}
         for _ in range(10):
-            triplet = find_merge_triplet(dominators, lambda c: set(lineage.ancestors(c)) & set(self.pool),
+            triplet = find_merge_triplet(dominators, lambda c: set(lineage.ancestors(c)) & set(self.state.pool),
                                          aggregates, genomes, tried, eps, self.rng)  # type: ignore[arg-type]
             if triplet is None:
                 return None
             i, j, ancestor = triplet
             tried.add(triplet)
-            self.merges_performed.append([i, j, ancestor])
+            self.state.merges_performed.append([i, j, ancestor])
             merged, sources = merge_components(genomes[ancestor], genomes[i], genomes[j], aggregates[i],
                                                aggregates[j], (i, j), eps, self.rng)
-            if [i, j, list(sources)] in self.merge_descriptions:
+            if [i, j, list(sources)] in self.state.merge_descriptions:
                 continue  # this exact merge was tried before
-            self.merge_descriptions.append([i, j, list(sources)])
+            self.state.merge_descriptions.append([i, j, list(sources)])
             overlap = set(self.val_scores[i]) & set(self.val_scores[j])
             if len(overlap) < self.options.val_overlap_floor:
                 continue
@@ -318,124 +324,86 @@ class Gepa:
 
     def test_merge(self, t: int, i: int, j: int, ancestor: int, merged: list[float],
                    sources: tuple[int, ...]) -> dict[str, Any]:
-        self.merges_due -= 1
-        self.merges_tested += 1
+        self.state.merges_due -= 1
+        self.state.merges_tested += 1
         ids = stratified_subsample(self.val_scores[i], self.val_scores[j], self.options.merge_subsample, self.rng)
         [after] = self.run.evaluate([merged], f"iteration {t} merge", self.examples(ids))
         before_i = [self.val_scores[i][e] for e in ids]
         before_j = [self.val_scores[j][e] for e in ids]
         deltas = dict(zip(self.run.cluster_ids, merged))
-        members = {c.id: c for c in self.run.archive.candidates(f"id IN ({i}, {j})")}
+        members = self.run.archive.among([i, j])
         scratchpad = members[i].scratchpad if self.aggregate(i) >= self.aggregate(j) else members[j].scratchpad
         note = f"merge of #{i} and #{j} over their common ancestor #{ancestor}"
         record = {"proposer": "merge", "parents": [i, j], "ancestor": ancestor, "subsample": ids,
                   "before": max(sum(before_i), sum(before_j)), "after": sum(after.scores)}
         if merge_accepted(after.scores, before_i, before_j):
             cid = self.add(deltas, scratchpad, "merge", (i, j), t + 1, f"iteration {t} valset", note)
-            self.last_found_new = True
+            self.state.last_found_new = True
         else:
             cid = self.reject(deltas, scratchpad, "merge", (i, j), t + 1,
                               f"{note}: subsample {sum(after.scores):.4f} < the better parent's "
                               f"{max(sum(before_i), sum(before_j)):.4f}")
-        accepted = cid in self.pool
+        accepted = cid in self.state.pool
         self.run.archive.record_merge(cid, i, j, ancestor, sources, accepted)
         return {**record, "accepted": accepted, "candidate": cid}
 
     # -- records -------------------------------------------------------------------------------
 
-    def finish(self, record: dict[str, Any]) -> None:
-        """After iteration t: placements, history, front, state, plots, one line."""
-        t, archive, out = self.iteration, self.run.archive, self.run.out
-        if record.get("accepted"):
-            archive.place([(cand_id(record["candidate"]), record["candidate"], t + 1, "cand",
-                            len(self.pool) - 1)], t)
-        aggregates = [self.aggregate(c) for c in self.pool]
-        best = max(self.pool, key=lambda c: (self.aggregate(c), -c))
-        tokens = [self.evaluations[c].mean_tokens for c in self.pool]
-        entry = {"generation": t, **record, "pool": len(self.pool), "best_fitness": max(aggregates),
-                 "mean_fitness": statistics.fmean(aggregates), "best_ever_fitness": self.run.best.fitness,
-                 "p10": float(np.percentile(aggregates, 10)), "p50": float(np.percentile(aggregates, 50)),
-                 "p90": float(np.percentile(aggregates, 90)), "mean_tokens": statistics.fmean(tokens),
-                 "best_mean_tokens": self.evaluations[best].mean_tokens, "merges_due": self.merges_due,
-                 "merges_tested": self.merges_tested, "metric_calls": archive.metric_calls()}
-        self.history[t:] = [entry]
-        save_history(out / HISTORY_FILE, self.history)
-        atomic_write_json(out / FRONT_FILE, self.front_json())
-        self.iteration = t + 1
-        self.save_state()
-        if record.get("accepted"):  # iterations are cheap: draw only when the pool changed, and at the end
-            self.draw()
-        kept = "kept" if record.get("accepted") else record.get("skipped", "rejected")
-        scores = (f" ({record['before']:.4f} -> {record['after']:.4f})" if "after" in record else "")
-        say(f"iteration {t}: {record['proposer']} {kept}{scores}  pool {len(self.pool)}  best "
-            f"{max(aggregates):.4f}  metric calls {entry['metric_calls']}  elapsed {self.run.budget.seconds():.0f}s")
-
-    def draw(self) -> None:
-        out = self.run.out
-        tree = EvolutionTree.from_archive(self.run.archive)
-        tree.save(out / TREE_FILE)
-        tree.render(out / TREE_PLOT)
-        if self.history:
-            plot_fitness(self.history, out / FITNESS_PLOT)
-            plot_lengths(self.history, out / LENGTHS_PLOT)
-            plot_archive(self.history, out / PROGRESS_PLOT)
-
     def front_json(self) -> dict[str, Any]:
-        front = pareto_front({c: self.val_scores[c] for c in self.pool})
+        front = pareto_front({c: self.val_scores[c] for c in self.state.pool})
         return {example: {"score": score, "candidates": sorted(holders)} for example, (score, holders) in
                 sorted(front.items())}
 
-    def save_state(self) -> None:
-        atomic_write_json(self.run.out / STATE_FILE, {
-            "iteration": self.iteration, "rng": capture_rng_of(self.rng), "valset": self.valset,
-            "sampler": dataclasses.asdict(self.sampler),
-            "pool": self.pool, "merges_due": self.merges_due, "merges_tested": self.merges_tested,
-            "merges_performed": self.merges_performed, "merge_descriptions": self.merge_descriptions,
-            "last_found_new": self.last_found_new, "next_component": self.next_component,
-            "pareto_front": self.front_json(), "last_candidate_id": self.run.archive.last_candidate_id(),
-        })
 
-    def stop(self, reason: str) -> None:
-        if self.history:
-            self.history[-1]["stop_reason"] = reason
-            save_history(self.run.out / HISTORY_FILE, self.history)
-        self.draw()
-
-
-def read_state(raw: dict[str, Any], run: Run) -> None:
+def read_own(raw: Mapping[str, Any], run: Run) -> GepaState:
     """gepa_state.json's own fields, each read before any work: a FieldError names the one
-    that is off (`pareto_front` is only written, for other tools)."""
+    that is off."""
     examples = {ex.id for ex in run.examples}
     valset = _example_ids(raw, "valset", examples, "an example of the training pool")
+    if not valset:
+        raise FieldError("valset is empty, but the front is kept on it")
     sampler = fields.typed(raw, "sampler", dict, "an object")
     unknown = set(sampler) - {f.name for f in dataclasses.fields(EpochSampler)}
     if unknown:
         raise FieldError(f"sampler has the unknown field(s) {', '.join(sorted(map(str, unknown)))}")
     ids = _example_ids(sampler, "ids", examples - set(valset), "a feedback example (in the pool, not the valset)",
                        "sampler.")
+    if not ids:
+        raise FieldError("sampler.ids is empty, but the minibatches are drawn from it")
     fields.integer(sampler, "size", "sampler.", minimum=1)
     fields.integer(sampler, "epoch", "sampler.", minimum=-1)
     fields.integer(sampler, "position", "sampler.")
     if fields.value(sampler, "order", "sampler.") is not None:
         _example_ids(sampler, "order", set(ids), "one of sampler.ids", "sampler.")
-    if not held_list(raw, "pool", run.archive, assessed=True):
+    counts = fields.typed(sampler, "counts", dict, "an object {example id: count}", "sampler.")
+    for key in counts:
+        fields.integer(counts, key, "sampler.counts.")
+    pool = candidate_ids(raw, "pool")
+    if not pool:
         raise FieldError("pool is empty, but it holds at least the seed candidate")
-    for key in ("merges_due", "merges_tested"):
-        fields.integer(raw, key)
-    for i, triplet in enumerate(fields.typed(raw, "merges_performed", list, "a list")):
+    performed = fields.typed(raw, "merges_performed", list, "a list")
+    for i, triplet in enumerate(performed):
         _ids(triplet, f"merges_performed[{i}]", 3)
-    for i, entry in enumerate(fields.typed(raw, "merge_descriptions", list, "a list")):
+    descriptions = fields.typed(raw, "merge_descriptions", list, "a list")
+    for i, entry in enumerate(descriptions):
         if not isinstance(entry, list) or len(entry) != 3:
             raise FieldError(f"merge_descriptions[{i}] is {fields.shown(entry)}, not [first, second, sources]")
         _ids(entry[:2], f"merge_descriptions[{i}]", 2)
         _ids(entry[2], f"merge_descriptions[{i}][2]", len(run.cluster_ids))
-    fields.typed(raw, "last_found_new", bool, "true or false")
     positions = fields.typed(raw, "next_component", dict, "an object {candidate id: cluster position}")
     for key in positions:
         if fields.integer(positions, key, "next_component.") >= len(run.cluster_ids):
             raise FieldError(f"next_component.{key} is {positions[key]}, not a cluster position in "
                              f"[0, {len(run.cluster_ids)})")
+    return GepaState(valset, EpochSampler(**sampler), pool, fields.integer(raw, "merges_due"),
+                     fields.integer(raw, "merges_tested"), performed, descriptions,
+                     fields.typed(raw, "last_found_new", bool, "true or false"), positions,
+                     fields.typed(raw, "pareto_front", dict, "an object"))
 
+
+def check_own(own: GepaState, archive: Any, last: int) -> None:
+    """Every pool member a candidate the archive held, assessed."""
+    held_list(own.pool, "pool", archive, last, assessed=True)
 
 def _example_ids(raw: dict[str, Any], key: str, allowed: set[str], what: str, where: str = "") -> list[str]:
     found = fields.typed(raw, key, list, "a list of example ids", where)
@@ -470,8 +438,3 @@ def split_valset(examples: Sequence[Example], options: GepaOptions, rng: random.
 def _valset_size(options: GepaOptions, n_examples: int) -> int:
     return min(options.valset_size, n_examples)
 
-
-def _options(config: Config) -> GepaOptions:
-    if config.gepa is None:
-        raise ConfigError("CONFIG_STRATEGY_GEPA=y is needed for the GEPA strategy's options")
-    return config.gepa

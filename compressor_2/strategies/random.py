@@ -3,7 +3,7 @@
 Each step draws a batch of i.i.d. delta vectors around the initial deltas: every delta
 is the initial one plus a normal (standard deviation CONFIG_RANDOM_SCALE) or uniform
 (on +/- CONFIG_RANDOM_SCALE) draw. Nothing is learnt from the fitness; the loop, the
-archive, the budgets and resume are those of `search.py`.
+archive, the budgets and resume are those of `search.py` and the run's driver.
 """
 
 from __future__ import annotations
@@ -14,28 +14,27 @@ from typing import Any
 
 import numpy as np
 
-from compressor_2.config import Config, RandomOptions
+from compressor_2.config import Config
 from compressor_2.deltas import clamp_rows, load_deltas, to_list
-from compressor_2.errors import ConfigError
 from compressor_2.run.budget import Cost
 from compressor_2.run.services import Run
-from compressor_2.strategies.search import search
+from compressor_2.strategies import options_of
+from compressor_2.strategies.search import Search
 
-NAME = "random"
 STATE_FILE = "random_state.json"
 # What it writes in the run directory besides the shared services' files.
 OUTPUT_FILES = (STATE_FILE,)
 
 
 def estimate(config: Config, n_examples: int) -> Cost:
-    return Cost("batch", n_examples, _options(config).batch_size * n_examples, 0.0)
+    return Cost("batch", n_examples, options_of(config, "random").batch_size * n_examples, 0.0)
 
 
-def run(run: Run) -> str:
-    options = _options(run.config)
+def make(run: Run) -> Search:
+    options = options_of(run.config, "random")
     centre = to_list(load_deltas(run.config.initial_deltas_path, run.cluster_ids))
     sampler = RandomSampler(centre, options.distribution, options.scale, options.batch_size)
-    return search(run, sampler, NAME, options.batches, STATE_FILE, "batch")
+    return Search(run, sampler, "random", options.batches, STATE_FILE, "batch", "CONFIG_RANDOM_BATCHES")
 
 
 @dataclass
@@ -62,8 +61,3 @@ class RandomSampler:
     def restore(self, state: dict[str, Any]) -> None:
         del state
 
-
-def _options(config: Config) -> RandomOptions:
-    if config.random is None:
-        raise ConfigError("CONFIG_STRATEGY_RANDOM=y is needed for the random strategy's options")
-    return config.random
