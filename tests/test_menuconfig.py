@@ -14,6 +14,8 @@ import pytest
 from compressor_2.config import KCONFIG_PATH, load_config
 from tests.conftest import REPO
 
+HANG_GUARD = 120.0  # seconds for a screen or the saved file to appear: a hang guard for a loaded machine
+
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None,
                                 reason="no terminal multiplexer (tmux) on this machine")
 
@@ -29,7 +31,7 @@ class Pane:
         return subprocess.run(["tmux", "capture-pane", "-p", "-t", self.session],
                               capture_output=True, text=True, check=True).stdout
 
-    def wait_for(self, predicate: Callable[[str], bool], what: str, timeout: float = 20.0) -> str:
+    def wait_for(self, predicate: Callable[[str], bool], what: str, timeout: float = HANG_GUARD) -> str:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             screen = self.text()
@@ -63,7 +65,7 @@ def test_menuconfig_changes_one_value_and_saves(tmp_path: Path) -> None:
         pane.keys("q")
         pane.wait_for(lambda s: "Save configuration?" in s, "the save prompt")
         pane.keys("y")
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + HANG_GUARD
         while "CONFIG_NGEN=17" not in config_path.read_text() and time.monotonic() < deadline:
             time.sleep(0.1)
     finally:

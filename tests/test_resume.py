@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from compressor_2 import interrupts
 from compressor_2.config import load_config
 from compressor_2.errors import ConfigError
 from compressor_2.evolve import evolve
@@ -189,7 +190,11 @@ def test_sigterm_during_a_reflector_call_then_resume(tmp_path, shared, tiny_mode
     def mutation_then_sigterm(self, request, messages, attempt):
         if request.generation == 2 and once.acquire(blocking=False):
             os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(0.5)  # the main thread handles the signal while this call is in flight
+            # This call stays in flight until the main thread has taken the signal, however
+            # long the machine makes that take (the deadline only guards against a hang).
+            deadline = time.monotonic() + 300
+            while not interrupts.stopping() and time.monotonic() < deadline:
+                time.sleep(0.01)
         return original(self, request, messages, attempt)
 
     monkeypatch.setattr(LocalProposer, "mutation", mutation_then_sigterm)

@@ -173,7 +173,7 @@ def test_the_run_ends_with_the_simpler_tools_line(runs):
     last = [line for line in printed.splitlines() if line.strip()][-1]
     record = read_json_meta(on)
     assert last.startswith("simpler tools held out (1 questions): the evolved deltas: ")
-    assert "; EOS bias alone (+" in last and f"; a cap at {record['cap']} tokens: " in last
+    assert "; EOS bias alone (+" in last and f"; a cap at {record['cap']} token{'s' * (record['cap'] != 1)}: " in last
     assert "; the instruction: " in last
     assert last.endswith(("deploy that.", "the search earned its keep."))
     html = (on / "report.html").read_text()

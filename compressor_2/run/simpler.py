@@ -238,7 +238,7 @@ class ToolRow:
 def tools(record: Record, zeros: str) -> list[Tool]:
     delta = record.eos_best[0]
     found = [Tool(f"EOS bias alone ({delta:+g})", f"an EOS bias of {delta:+g}", Arm(record.eos_genome)),
-             Tool(f"a cap at {record.cap} tokens", f"a cap at {record.cap} tokens (max_tokens)",
+             Tool(f"a cap at {_tokens(record.cap)}", f"a cap at {_tokens(record.cap)} (max_tokens)",
                   Arm(zeros, cap=record.cap))]
     if record.instruction:
         found.append(Tool("the instruction", f"the instruction {json.dumps(record.instruction)}",
@@ -285,3 +285,7 @@ def simpler_line(claims: Claims, record: Record, zeros: str, best: str) -> str |
 
 def _at(p: Paired) -> str:
     return f"{p.tokens:.1f} tokens at {100 * p.correctness:.1f}%"
+
+
+def _tokens(n: int) -> str:
+    return f"{n} token" if n == 1 else f"{n} tokens"
