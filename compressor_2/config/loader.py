@@ -13,7 +13,7 @@ import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from compressor_2.config.archive import ArchiveOptions, archive_options
 from compressor_2.config.ga import SENTINELS as GA_SENTINELS
@@ -157,9 +157,20 @@ def load_config(path: str | Path) -> Config:
 def _build(r: Reader) -> Config:
     for name in ("INITIAL_DELTAS_PATH", *GA_SENTINELS, "LAMBDA_SHORTNESS", "LAMBDA_CORRECTNESS"):
         _sentinel(r, name)
-
     ga = ga_options(r)
+    checked = _checked(r)
+    strategy = r.choice_suffix("STRATEGY_")
+    return Config(**_paths_and_data(r, checked), **_engine(r, checked), **_fitness_and_reflector(r, checked),
+                  **_search(r, checked, strategy, ga),
+                  embedding_model=r.string("EMBEDDING_MODEL"),
+                  pca_components=r.integer("PCA_COMPONENTS"),
+                  num_clusters=r.integer("NUM_CLUSTERS"),
+                  embed_batch_size=r.integer("EMBED_BATCH_SIZE"),
+                  cluster_seed=r.integer("CLUSTER_SEED"))
 
+
+def _checked(r: Reader) -> dict[str, Any]:
+    """The settings that need more than their symbol's type and range, checked in this order."""
     lambdas = {name: r.number(name, 0, 1) for name in ("LAMBDA_SHORTNESS", "LAMBDA_CORRECTNESS")}
     total = sum(lambdas.values())
     require(total > 0, "CONFIG_LAMBDA_SHORTNESS and CONFIG_LAMBDA_CORRECTNESS are both 0")
@@ -203,32 +214,43 @@ def _build(r: Reader) -> Config:
     require(re.fullmatch(DEVICES, device) is not None,
             f"CONFIG_TRANSFORMERS_DEVICE={device!r} is not a device the transformers engine runs on: write auto, cpu, "
             "cuda, cuda:N or mps")
+    return {"lambda_shortness": lambdas["LAMBDA_SHORTNESS"] / total,
+            "lambda_correctness": lambdas["LAMBDA_CORRECTNESS"] / total, "max_wall_minutes": wall_minutes,
+            "temperature": temperature, "correctness_tolerance": tolerance, "pool_indices": pool,
+            "holdout_data": holdout_data, "holdout_indices": holdout_indices, "compare_instruction": instruction,
+            "prompt_template_path": template, "sglang_urls": urls, "sglang_api": api, "transformers_device": device}
 
-    strategy = r.choice_suffix("STRATEGY_")
-    return Config(
+
+def _paths_and_data(r: Reader, checked: dict[str, Any]) -> dict[str, Any]:
+    return dict(
         output_dir=Path(r.string("OUTPUT_DIR")),
         cluster_dir=Path(r.string("CLUSTER_DIR")),
         cluster_descriptions_path=Path(r.string("CLUSTER_DESCRIPTIONS_PATH")),
         initial_deltas_path=Path(r.string("INITIAL_DELTAS_PATH")),
         financebench_jsonl_path=Path(r.string("FINANCEBENCH_JSONL_PATH")),
-        pool_indices=pool,
-        prompt_template_path=Path(template) if template else None,
+        pool_indices=checked["pool_indices"],
+        prompt_template_path=Path(checked["prompt_template_path"]) if checked["prompt_template_path"] else None,
         evidence_max_chars=r.integer("EVIDENCE_MAX_CHARS"),
-        holdout_data=Path(holdout_data) if holdout_data else None,
-        holdout_indices=holdout_indices,
+        holdout_data=Path(checked["holdout_data"]) if checked["holdout_data"] else None,
+        holdout_indices=checked["holdout_indices"],
         compare_simple=r.flag("COMPARE_SIMPLE"),
-        compare_instruction=instruction,
-        engine=r.choice({"ENGINE_TRANSFORMERS": "transformers", "ENGINE_SGLANG": "sglang"}),  # type: ignore[arg-type]
+        compare_instruction=checked["compare_instruction"],
+    )
+
+
+def _engine(r: Reader, checked: dict[str, Any]) -> dict[str, Any]:
+    return dict(
+        engine=r.choice({"ENGINE_TRANSFORMERS": "transformers", "ENGINE_SGLANG": "sglang"}),
         model_path=r.string("MODEL_PATH"),
         max_new_tokens=r.integer("MAX_NEW_TOKENS"),
-        temperature=temperature,
+        temperature=checked["temperature"],
         transformers_batch_size=r.integer("TRANSFORMERS_BATCH_SIZE"),
-        transformers_device=device,
+        transformers_device=checked["transformers_device"],
         transformers_threads=r.integer("TRANSFORMERS_THREADS"),
         eval_concurrency=r.integer("EVAL_CONCURRENCY"),
         sglang_command=r.string("SGLANG_COMMAND"),
-        sglang_urls=urls,
-        sglang_api=api,  # type: ignore[arg-type]
+        sglang_urls=checked["sglang_urls"],
+        sglang_api=checked["sglang_api"],
         sglang_port=r.integer("SGLANG_PORT"),
         sglang_allow_remote=r.flag("SGLANG_ALLOW_REMOTE"),
         sglang_allow_other_model=r.flag("SGLANG_ALLOW_OTHER_MODEL"),
@@ -238,17 +260,22 @@ def _build(r: Reader) -> Config:
         sglang_request_timeout=float(r.integer("SGLANG_REQUEST_TIMEOUT")),
         sglang_max_restarts=r.integer("SGLANG_MAX_RESTARTS"),
         sglang_stop_grace=float(r.integer("SGLANG_STOP_GRACE")),
-        lambda_shortness=lambdas["LAMBDA_SHORTNESS"] / total,
-        lambda_correctness=lambdas["LAMBDA_CORRECTNESS"] / total,
+    )
+
+
+def _fitness_and_reflector(r: Reader, checked: dict[str, Any]) -> dict[str, Any]:
+    return dict(
+        lambda_shortness=checked["lambda_shortness"],
+        lambda_correctness=checked["lambda_correctness"],
         shortness_scale=r.number("SHORTNESS_SCALE", 0.001, 1e9),
-        judge=r.choice({"JUDGE_NUMERIC": "numeric", "JUDGE_LLM": "llm", "JUDGE_HYBRID": "hybrid"}),  # type: ignore[arg-type]
-        correctness_tolerance=tolerance,
+        judge=r.choice({"JUDGE_NUMERIC": "numeric", "JUDGE_LLM": "llm", "JUDGE_HYBRID": "hybrid"}),
+        correctness_tolerance=checked["correctness_tolerance"],
         judge_model=r.string("JUDGE_MODEL"),
         judge_base_url=r.string("JUDGE_BASE_URL"),
         judge_api_key_env=r.string("JUDGE_API_KEY_ENV"),
         judge_timeout=float(r.integer("JUDGE_TIMEOUT")),
         judge_max_consecutive_failures=r.integer("JUDGE_MAX_CONSECUTIVE_FAILURES"),
-        reflector=r.choice({"REFLECTOR_LOCAL": "local", "REFLECTOR_OPENAI": "openai"}),  # type: ignore[arg-type]
+        reflector=r.choice({"REFLECTOR_LOCAL": "local", "REFLECTOR_OPENAI": "openai"}),
         reflector_model=r.string("REFLECTOR_MODEL"),
         reflector_base_url=r.string("REFLECTOR_BASE_URL"),
         reflector_api_key_env=r.string("REFLECTOR_API_KEY_ENV"),
@@ -258,10 +285,15 @@ def _build(r: Reader) -> Config:
         reflector_concurrency=r.integer("REFLECTOR_CONCURRENCY"),
         reflector_answer_max_chars=r.integer("REFLECTOR_ANSWER_MAX_CHARS"),
         local_reflector_step=r.number("LOCAL_REFLECTOR_STEP", 1e-6, MAX_LOGITS),
+    )
+
+
+def _search(r: Reader, checked: dict[str, Any], strategy: str, ga: GaOptions) -> dict[str, Any]:
+    return dict(
         strategy=strategy,
         max_metric_calls=r.integer("MAX_METRIC_CALLS"),
         max_reflector_tokens=r.integer("MAX_REFLECTOR_TOKENS"),
-        max_wall_minutes=wall_minutes,
+        max_wall_minutes=checked["max_wall_minutes"],
         max_idle_steps=r.integer("MAX_IDLE_STEPS"),
         archive=archive_options(r) if strategy == "archive" else None,
         gepa=gepa_options(r, r.integer("MAX_METRIC_CALLS")) if strategy == "gepa" else None,
@@ -269,9 +301,4 @@ def _build(r: Reader) -> Config:
         cmaes=cmaes_options(r) if strategy == "cmaes" else None,
         seed=r.integer("SEED"),
         ga=ga,
-        embedding_model=r.string("EMBEDDING_MODEL"),
-        pca_components=r.integer("PCA_COMPONENTS"),
-        num_clusters=r.integer("NUM_CLUSTERS"),
-        embed_batch_size=r.integer("EMBED_BATCH_SIZE"),
-        cluster_seed=r.integer("CLUSTER_SEED"),
     )
