@@ -79,7 +79,7 @@ run: $(STAMP) $(CONFIG)
 	$(PY) -m compressor_2 evolve --config $(CONFIG)
 
 bench: $(STAMP)
-	@# The optimiser comparison runs its quick mode here; its full run takes ~30 minutes.
+	@# The optimiser comparison runs its quick mode here; its full run takes 20 to 30 minutes on 2 cores.
 	@# bench_clusters.py includes a cold build of a 152k-token vocabulary: ~10 minutes on 2 CPU cores.
 	@for b in benchmarks/bench_*.py benchmarks/calibrate_judge.py; do \
 	  args=; [ $$b = benchmarks/bench_optimisers.py ] && args=--quick; \
