@@ -80,7 +80,7 @@ run: $(STAMP) $(CONFIG)
 
 bench: $(STAMP)
 	@# The optimiser comparison runs its quick mode here; its full run takes 20 to 30 minutes on 2 cores.
-	@# bench_clusters.py includes a cold build of a 152k-token vocabulary: ~10 minutes on 2 CPU cores.
+	@# bench_clusters.py includes a cold build of a 152k-token vocabulary: under 2 minutes on 2 idle CPU cores, up to 10 on shared ones.
 	@for b in benchmarks/bench_*.py benchmarks/calibrate_judge.py; do \
 	  args=; [ $$b = benchmarks/bench_optimisers.py ] && args=--quick; \
 	  echo "== $$b $$args"; $(PY) $$b $$args || exit 1; done
