@@ -147,13 +147,34 @@ def start_evolve(config_path: Path) -> subprocess.Popen[str]:
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
+def wait_stopped(proc: subprocess.Popen[str]) -> None:
+    """Until the kernel has stopped the process (SIGSTOP takes effect after kill returns),
+    or it has ended."""
+    stat = Path(f"/proc/{proc.pid}/stat")
+    while stat.exists():
+        try:
+            state = stat.read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return
+        if state in "TtZX":
+            return
+        time.sleep(0.001)
+
+
 def interrupt_after(proc: subprocess.Popen[str], state_path: Path, generation: int, sig: int) -> int:
-    """Sends `sig` once the saved state reaches `generation`; returns the generation seen."""
+    """Sends `sig` once the saved state reaches `generation`; returns the generation seen.
+    The run is stopped (SIGSTOP) while its state is read and signalled, so however late
+    this process is scheduled, the run takes `sig` at the generation seen."""
     deadline = time.monotonic() + 300  # a hang guard, not a speed assertion
     while time.monotonic() < deadline and proc.poll() is None:
-        if state_path.exists() and (seen := read_json(state_path)["generation"]) >= generation:
-            proc.send_signal(sig)
-            return seen
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            wait_stopped(proc)
+            if state_path.exists() and (seen := read_json(state_path)["generation"]) >= generation:
+                proc.send_signal(sig)
+                return seen
+        finally:
+            proc.send_signal(signal.SIGCONT)
         time.sleep(0.02)
     proc.kill()
     raise AssertionError(f"the run ended (or hung) before generation {generation}: {proc.communicate()}")
