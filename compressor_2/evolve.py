@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import io
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -149,7 +148,7 @@ def services(config: Config, inputs: Inputs, archive: RunArchive, reflector: Ref
              tokens: AnswerTokens, workers: Workers, strategy: Strategy) -> tuple[Run, Checks]:
     """The run's services over the opened archive, reflector and engine, and its checks."""
     from compressor_2.judges.registry import make_judge
-    from compressor_2.steering.generate import generate_processor
+    from compressor_2.steering.generate import write_processor
 
     archive.set_meta({"context": inputs.context})  # `show` reads this run's answers under it
     ids = list(inputs.clusters.cluster_ids)
@@ -166,7 +165,9 @@ def services(config: Config, inputs: Inputs, archive: RunArchive, reflector: Ref
     budget = Budget(Limits.from_config(config), archive)
     if warning := shortfall(budget.limits, budget.spent(), strategy.estimate(config, len(inputs.examples))):
         say(f"warning: {warning}")
-    best = BestEver(config.output_dir, ids, lambda d, o: quietly(generate_processor, config, deltas_path=d, out=o),
+    # Over the run's clusters, loaded once; BestEver says what changed, so the processor's
+    # own line goes unsaid.
+    best = BestEver(config.output_dir, ids, functools.partial(write_processor, inputs.clusters),
                     cluster_fingerprint=inputs.digest)
     run = Run(config=config, cluster_ids=ids, examples=inputs.examples, archive=archive,
               evaluator=evaluator_on(store=archive), reflector=reflector,
@@ -251,9 +252,3 @@ def _refuse_pre_archive_directory(out: Path) -> None:
         raise ConfigError(f"'{out}' holds a run of a compressor_2 without the run archive ({', '.join(old)}, "
                           f"no {ARCHIVE_FILE}): finish it with the version that started it, or move the directory "
                           "away (or choose another CONFIG_OUTPUT_DIR) to start a fresh run")
-
-
-def quietly(fn: Callable[..., None], *args: Any, **kwargs: Any) -> None:
-    """Runs `fn` without its own report lines: BestEver says what changed, once."""
-    with contextlib.redirect_stdout(io.StringIO()):
-        fn(*args, **kwargs)

@@ -20,7 +20,7 @@ from compressor_2.run.state import Member
 DELTAS_BEST = "deltas_best.json"
 PROCESSOR_BEST = "processor_best.py"
 
-WriteProcessor = Callable[[Path, Path], None]  # (deltas JSON, processor module) -> None
+WriteProcessor = Callable[[Path, Path], object]  # (deltas JSON, processor module); what it returns is unused
 
 
 class BestEver:

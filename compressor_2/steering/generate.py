@@ -93,14 +93,19 @@ def render_processor(deltas: list[float], clusters: ClusterSet, deltas_path: Pat
 
 
 def generate_processor(config: Config, deltas_path: Path, out: Path, force: bool = False) -> None:
-    """Write the standalone processor for the deltas in `deltas_path` to `out`; deltas
-    recorded for other clusters are refused unless `force`."""
-    clusters = load_cluster_set(config)
+    """Write the standalone processor for the deltas in `deltas_path` to `out`, over the
+    config's clusters; deltas recorded for other clusters are refused unless `force`."""
+    print(write_processor(load_cluster_set(config), deltas_path, out, force))
+
+
+def write_processor(clusters: ClusterSet, deltas_path: Path, out: Path, force: bool = False) -> str:
+    """`generate_processor` over clusters already loaded (a run's, for each new best);
+    returns what was written, in a line."""
     check_fingerprint(deltas_path, cluster_map_digest(clusters), force)
     deltas = to_list(load_deltas(deltas_path, clusters.cluster_ids))
     source = render_processor(deltas, clusters, deltas_path, out.stem)
     # A broken module would only fail on the server: refuse to write one.
     compile(source, str(out), "exec")
     atomic_write_text(out, source)
-    print(f"wrote {out}: {len(deltas)} deltas baked in, cluster map of "
-          f"{len(clusters.token_clusters):,} tokens embedded ({len(source) / 1024:.0f} kB)")
+    return (f"wrote {out}: {len(deltas)} deltas baked in, cluster map of "
+            f"{len(clusters.token_clusters):,} tokens embedded ({len(source) / 1024:.0f} kB)")
