@@ -630,6 +630,31 @@ def test_a_refused_resume_leaves_every_file_as_it_was_the_clusters_included(symb
     assert untouched_files(out, tmp_path / "clusters") == before
 
 
+def archive_dump(out: Path) -> list[str]:
+    """The archive's rows, whatever their order, but its meta table: opening the archive
+    records the identity's allowed changes (here the raised NGEN) before the run files
+    are read."""
+    with closing(sqlite3.connect(out / "run.sqlite")) as db:
+        return sorted(line for line in db.iterdump() if not line.startswith('INSERT INTO "meta"'))
+
+
+@pytest.mark.parametrize("edit", [
+    (HISTORY, lambda raw: {}),
+    (STATE, put("population", 0, "candidate_id", value=9999)),
+], ids=["history refused", "state refused"])
+def test_a_resume_refused_for_a_run_file_adds_nothing_to_the_archive(edit, tmp_path, shared, tiny_model_dir,
+                                                                     uninterrupted, strategy_runs, capsys):
+    """The run files are read and checked before the archive records the session's start:
+    a refused resume leaves no start without its stop (which would make the next run
+    forget a step a budget had stopped cleanly)."""
+    scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted, strategy_runs)
+    argv = scene.edit_run_file(*edit)
+    before = archive_dump(scene.out)
+    capsys.readouterr()
+    assert main(argv) == 2
+    assert archive_dump(scene.out) == before
+
+
 @pytest.mark.parametrize("planted", [b'{"0": 1.5, "1"', b'{"0": NaN, "1": NaN, "2": NaN, "3": NaN, "4": NaN}',
                                      b'{"0": 9.0, "1": 0.0, "2": 0.0, "3": 0.0, "4": 0.0}'],
                          ids=["truncated", "all NaN", "hand-edited"])

@@ -133,8 +133,8 @@ class Driver:
 
     def drive(self) -> str:
         stopped_cleanly = self.archive.last_event() == "stop"  # the last session was not cut short
+        saved = self._read()  # before the start is recorded: a refused resume leaves the archive as it was
         self.archive.event("start", strategy=self.run.config.strategy, metric_calls=self.archive.metric_calls())
-        saved = self._read()
         if saved is None:
             return self._steps(self._start())
         if (done := self._all_run(saved.step)) is not None:
@@ -146,14 +146,19 @@ class Driver:
     # -- start and resume -------------------------------------------------------------------
 
     def _read(self) -> Saved[Any] | None:
-        """The state, checked; and every row the outputs draw on read once (the candidates,
-        the checks' results, the events): a hand-edited one is refused before any work."""
+        """The state and the history, checked; and every row the outputs draw on read once
+        (the candidates, the checks' results, the events): a hand-edited one is refused
+        before any work, and before the archive records this session's start."""
         config = self.run.config
         saved = read_state(self.path, self.strategy.state_format, self.run.cluster_ids,
                            config.lambda_shortness + config.lambda_correctness)
         if saved is not None:
             check_state(saved, self.path, self.strategy.state_format, self.archive,
                         deterministic=config.temperature == 0)
+            # The history the run goes on from (all of it when every step has run; a resume
+            # rewrites the rest).
+            self.history = load_history(self.run.out / HISTORY_FILE,
+                                        before=None if self._all_run(saved.step) else saved.step)
         standing(self.archive)
         self.archive.events()
         return saved
@@ -176,7 +181,6 @@ class Driver:
         forgotten first (answers stay: they are the cache)."""
         if forget:
             self.archive.rollback(saved.last_candidate_id, from_step=saved.step)
-        self.history = load_history(self.run.out / HISTORY_FILE, before=saved.step)
         restore_rngs(saved.rng, self.strategy.rngs())
         self.run.best.restore(*self._recorded_best(saved))
         before = self.run.best.fitness
@@ -208,7 +212,6 @@ class Driver:
         """Every step had run (the step count may have been lowered since): nothing that ran
         is dropped; a run killed after its last state was saved gets its stop recorded."""
         self.run.best.restore(*self._recorded_best(saved))
-        self.history = load_history(self.run.out / HISTORY_FILE, before=None)
         self.run.best.rewrite()
         if self.history and "stop_reason" not in self.history[-1]:
             self.history[-1]["stop_reason"] = f"all {saved.step} {plural(self.strategy.step_name)} ran"
