@@ -6,7 +6,9 @@
 
 The run's driver asks `exhausted()` between steps, and inside a step before every
 evaluation that needs fresh answers (`gate`): a reached budget stops the step there, so a
-run overshoots by at most the one evaluation that crossed it, never by a step. An
+run overshoots its metric calls by at most the one evaluation that crossed them, never by
+a step. The reflector tokens and the wall time can also be overshot by the reflector calls
+a step makes before its next evaluation (the gate is not asked before a reflector call). An
 evaluation served from the cache is never refused: it costs nothing, and a replayed step
 then stops exactly where the uninterrupted one did. The counts come from the run archive,
 so they survive resumes, and a rerun with a raised budget continues where the run stopped.
