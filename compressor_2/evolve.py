@@ -44,7 +44,7 @@ from compressor_2.run.best import DELTAS_BEST, PROCESSOR_BEST, BestEver
 from compressor_2.run.budget import Budget, Limits, shortfall
 from compressor_2.run.checks import Checks
 from compressor_2.run.driver import drive
-from compressor_2.run.identity import RunInputs, check_identity, check_settings
+from compressor_2.run.identity import RunInputs, check_identity, check_settings, model_identity
 from compressor_2.run.lock import run_lock
 from compressor_2.run.outputs import refresh_outputs
 from compressor_2.run.plots import FRONT_PLOT
@@ -76,6 +76,7 @@ class Inputs:
     heldout: tuple[Example, ...]
     initial: Deltas
     context: str
+    model: str  # model_identity
 
 
 def evolve(config: Config) -> None:
@@ -99,7 +100,8 @@ def preflight(config: Config) -> Iterator[Inputs]:
     with run_lock(out):
         _refuse_pre_archive_directory(out)
         examples = tuple(examples_from_config(config))
-        _refuse_changed_settings(out, config, examples)
+        model = model_identity(config)
+        _refuse_changed_settings(out, config, RunInputs(None, examples, None, model))
         _remove_orphans(out)
         clusters = build_clusters(config)
         digest = cluster_map_digest(clusters)
@@ -109,7 +111,7 @@ def preflight(config: Config) -> Iterator[Inputs]:
         heldout = tuple(holdout_examples(config, examples))
         initial = load_deltas(config.initial_deltas_path, list(clusters.cluster_ids))
         yield Inputs(clusters, digest, examples, heldout, initial,
-                     answer_context(answer_settings(config, clusters.fingerprint)))
+                     answer_context(answer_settings(config, clusters.fingerprint)), model)
 
 
 @contextlib.contextmanager
@@ -122,8 +124,8 @@ def open_run(config: Config, inputs: Inputs, strategy: Strategy) -> Iterator[tup
     from compressor_2.engines.registry import LazyEngine
     from compressor_2.reflector.registry import make_reflector
 
-    archive = open_archive(config.output_dir, config, RunInputs(inputs.digest, inputs.examples, inputs.initial),
-                           inputs.context)
+    archive = open_archive(config.output_dir, config,
+                           RunInputs(inputs.digest, inputs.examples, inputs.initial, inputs.model), inputs.context)
     workers, reflector, engine = Workers(), None, None
     try:
         with stop_on_first_signal():
@@ -224,14 +226,14 @@ def open_archive(out: Path, config: Config, inputs: RunInputs, context: str) -> 
     return archive
 
 
-def _refuse_changed_settings(out: Path, config: Config, examples: tuple[Example, ...]) -> None:
+def _refuse_changed_settings(out: Path, config: Config, inputs: RunInputs) -> None:
     """A resume's settings compared with the run's before anything is written or rebuilt
     (opening an existing archive writes nothing to it)."""
     if not (out / ARCHIVE_FILE).exists():
         return
     archive = RunArchive.open(out / ARCHIVE_FILE)
     try:
-        check_settings(archive, config, examples)
+        check_settings(archive, config, inputs)
     finally:
         archive.close()
 

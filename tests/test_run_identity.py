@@ -29,7 +29,7 @@ from compressor_2.clusters.build import build_clusters
 from compressor_2.clusters.clusterset import ArtifactPaths, cluster_map_digest, read_cluster_set
 from compressor_2.config import KCONFIG_PATH, Config, load_config
 from compressor_2.data.financebench import examples_from_config
-from compressor_2.run.identity import SETTINGS, RunInputs, changes, run_identity
+from compressor_2.run.identity import SETTINGS, RunInputs, changes, model_identity, run_identity
 from tests.conftest import REPO
 from tests.test_evolution_support import DEFAULT_NGEN, ROWS as DATA_ROWS, config_for, read_json, write_config
 
@@ -214,7 +214,7 @@ def inputs_of(config: Config) -> RunInputs:
     """What a start reads from the config's paths, without building anything."""
     clusters = read_cluster_set(ArtifactPaths.from_config(config), "")
     return RunInputs(cluster_map_digest(clusters), tuple(examples_from_config(config)),
-                     json.loads(config.initial_deltas_path.read_text(encoding="utf-8")))
+                     json.loads(config.initial_deltas_path.read_text(encoding="utf-8")), model_identity(config))
 
 
 @pytest.fixture(scope="module")

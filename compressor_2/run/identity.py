@@ -44,6 +44,7 @@ class RunInputs:
     clusters: str | None  # cluster_map_digest
     examples: Sequence[Example]  # the training pool
     initial_deltas: Mapping[str, float] | None
+    model: str  # model_identity: read once a start, as it may hash a large model's files
 
 
 Value = Callable[[Config, RunInputs], object]  # None: the setting does not apply to this config
@@ -87,7 +88,7 @@ def model_identity(config: Config) -> str:
     if config.engine == "sglang" and config.sglang_urls:
         served = served_models(config.sglang_urls)
         if served:
-            return "; ".join(sorted({_served(path, version) for path, version in served}))
+            return "; ".join(sorted({_served(path, version) for path, version in set(served)}))
     return model_digest(config.model_path) or config.model_path
 
 
@@ -130,7 +131,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("CONFIG_FINANCEBENCH_POOL_INDICES", ("FINANCEBENCH_POOL_INDICES",), lambda c, _: c.pool_indices),
     Setting("CONFIG_EVIDENCE_MAX_CHARS", ("EVIDENCE_MAX_CHARS",), lambda c, _: c.evidence_max_chars),
     Setting("CONFIG_ENGINE_*", ("ENGINE_*",), lambda c, _: c.engine),
-    Setting(MODEL_SETTING, ("MODEL_PATH",), lambda c, _: model_identity(c)),
+    Setting(MODEL_SETTING, ("MODEL_PATH",), lambda _, i: i.model),
     Setting("CONFIG_MAX_NEW_TOKENS", ("MAX_NEW_TOKENS",), lambda c, _: c.max_new_tokens),
     Setting("CONFIG_TEMPERATURE", ("TEMPERATURE",), lambda c, _: c.temperature),
     # Whether a cached answer is the genome's one answer or one draw among its batches'.
@@ -276,13 +277,13 @@ def check_identity(archive: RunArchive, config: Config, inputs: RunInputs, conte
     archive.set_meta({IDENTITY_KEY: json.dumps(current), "strategy": config.strategy})
 
 
-def check_settings(archive: RunArchive, config: Config, examples: Sequence[Example]) -> None:
-    """`check_identity`'s refusal on what is known before the clusters are built (the
-    clusters' own settings among it), and nothing written: a refused resume must not
-    rebuild the clusters it was started on."""
+def check_settings(archive: RunArchive, config: Config, inputs: RunInputs) -> None:
+    """`check_identity`'s refusal on what is known before the clusters are built (`inputs`
+    without the clusters and the initial deltas; the clusters' own settings among it), and
+    nothing written: a refused resume must not rebuild the clusters it was started on."""
     stored = archive.meta(IDENTITY_KEY)
     if archive.last_candidate_id() and stored is not None:
-        _allowed(archive, stored, run_identity(config, RunInputs(None, examples, None)))
+        _allowed(archive, stored, run_identity(config, inputs))
 
 
 def _allowed(archive: RunArchive, stored: str, current: Mapping[str, str]) -> list[str]:
