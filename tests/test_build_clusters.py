@@ -113,6 +113,23 @@ def test_touched_tokenizer_files_with_the_same_vocabulary(tmp_path: Path, tiny_m
     assert _mtimes(paths)["embeddings.npy"] == before["embeddings.npy"]  # same token texts
 
 
+def test_a_change_of_the_cluster_rules_alone_reuses_the_embeddings(tmp_path: Path, tiny_model_dir: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """The rules' version rebuilds the clusters; the token texts are embedded as before, so
+    their embeddings (minutes for a large vocabulary on a CPU) are not made again."""
+    config = cluster_config(tmp_path, tiny_model_dir)
+    first = build_clusters(config)
+    before = _mtimes(ArtifactPaths.from_config(config))
+    for module in ("compressor_2.clusters.clusterset", "compressor_2.clusters.build"):
+        monkeypatch.setattr(f"{module}.RULES_VERSION", "a later one", raising=False)
+    capsys.readouterr()
+    second = build_clusters(config)
+    assert second.fingerprint != first.fingerprint
+    assert "embeddings reused" in capsys.readouterr().out
+    assert _mtimes(ArtifactPaths.from_config(config))["embeddings.npy"] == before["embeddings.npy"]
+
+
 @pytest.mark.slow
 def test_changed_input_rebuilds_reusing_embeddings(tmp_path: Path, tiny_model_dir: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:

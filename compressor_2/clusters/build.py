@@ -43,7 +43,7 @@ from compressor_2.clusters.clusterset import (
 from compressor_2.clusters.describe import describe_clusters, unsteered
 from compressor_2.clusters.embed import MAX_PIECES, embed_texts
 from compressor_2.clusters.layout import UNSTEERED
-from compressor_2.clusters.special import RULES_VERSION, number_token_ids, strip_markers
+from compressor_2.clusters.special import EMBEDDED_TEXT_VERSION, number_token_ids, strip_markers
 from compressor_2.clusters.written import claim, written_here
 from compressor_2.clusters.vocab import Vocabulary, load_vocabulary, tokenizer_files_digest
 from compressor_2.config import Config
@@ -145,7 +145,7 @@ def _embedding_text(vocab: Vocabulary, token_id: int) -> str:
 def _embeddings(config: Config, paths: ArtifactPaths, vocab: Vocabulary) -> tuple[np.ndarray, bool]:
     """Every token's embedding, reused from disk when the token texts and model match."""
     key = hashlib.sha256(
-        f"{FORMAT_VERSION}|{RULES_VERSION}|{MAX_PIECES}|{vocab.texts_sha256}|{config.embedding_model}".encode()
+        f"{FORMAT_VERSION}|{EMBEDDED_TEXT_VERSION}|{MAX_PIECES}|{vocab.texts_sha256}|{config.embedding_model}".encode()
     ).hexdigest()
     try:
         if paths.embeddings_fingerprint.read_text(encoding="utf-8").strip() == key:
