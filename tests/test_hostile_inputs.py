@@ -390,6 +390,8 @@ CASES = [
          2, r"deltas file '.*fifo' is a FIFO, not a regular file: name the file itself"),
     Case("evaluate --data a FIFO", lambda s: s.command("evaluate", "--data", str(s.special("fifo"))),
          2, r"FinanceBench file '.*fifo' is a FIFO, not a regular file"),
+    Case("check-config --config a FIFO", lambda s: ["check-config", "--config", str(s.special("fifo"))],
+         2, r"config file '.*fifo' is a FIFO, not a regular file: name the file itself"),
     Case("a prompt template that is a FIFO",
          lambda s: s.command("evaluate", PROMPT_TEMPLATE_PATH=f'"{s.special("fifo")}"'),
          2, r"prompt template '.*fifo' is a FIFO, not a regular file"),
