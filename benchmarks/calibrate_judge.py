@@ -89,6 +89,8 @@ def judged_rows(data: Path, config: Config, limit: int) -> tuple[list[Row], int]
                       ("file", path.stem), ("all", "all"))
             item = JudgeItem(record["question"], row["model_answer"] or "", record["answer"])
             labelled.append((groups, item, row["label"] == "Correct Answer"))
+    if not labelled:
+        return [], unmatched  # no judge made, no call paid, for nothing to judge
     verdicts: list[Verdict] = make_judge(config).judge([item for _, item, _ in labelled])
     return [Row(groups, item, human, v.is_correct, v.reasoning, len(item.answer.split()))
             for (groups, item, human), v in zip(labelled, verdicts)], unmatched
@@ -156,6 +158,17 @@ def disagreements(rows: Sequence[Row], show: int) -> list[str]:
     return lines
 
 
+def _count(text: str) -> int:
+    """An argument that counts rows: a negative one would cut rows off the end unseen."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative: give 0 or more")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the FinanceBench folder")
@@ -166,9 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--judge-base-url", default=None, help="the llm judge's OpenAI-compatible API")
     parser.add_argument("--judge-api-key-env", default=None, help="the environment variable holding its key")
     parser.add_argument("--tolerance", type=float, default=None, help="relative tolerance for figures")
-    parser.add_argument("--limit", type=int, default=0, metavar="N",
+    parser.add_argument("--limit", type=_count, default=0, metavar="N",
                         help="judge the first N answers of each results file (0: all; an llm judge pays per call)")
-    parser.add_argument("--show", type=int, default=0, metavar="N",
+    parser.add_argument("--show", type=_count, default=0, metavar="N",
                         help="print up to N lenient and N strict cases per question type")
     args = parser.parse_args(argv)
 
@@ -186,6 +199,11 @@ def main(argv: list[str] | None = None) -> int:
     except RunError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    if not rows:  # nothing to measure: no median, no agreement
+        print(f"error: no labelled answer matched a question: {args.data / 'results'}/*.jsonl holds {unmatched} "
+              f"rows, none with a financebench_id in {args.data / 'financebench_open_source.jsonl'}",
+              file=sys.stderr)
+        return 2
     judge = config.judge if config.judge == "numeric" else f"{config.judge} ({config.judge_model})"
     print(f"{judge} judge vs human labels in {len(results)} results files "
           f"(tolerance {config.correctness_tolerance:.1%}; Refusal = incorrect)")

@@ -12,11 +12,10 @@ whose one line says what came back, every key in it masked.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
-from compressor_2.json_values import as_count, shown
+from compressor_2.json_values import as_count, loads_or_reason, shown
 
 MAX_TOKENS = 2**53  # every float holds a count below it exactly
 USAGE_FIELDS = ("prompt_tokens", "completion_tokens")
@@ -35,12 +34,11 @@ class BadReply(Exception):
 
 def read_completion(status: int, content_type: str, body: bytes) -> Completion:
     """The completion in a successful response's `body`, or BadReply."""
-    try:
-        data = json.loads(body)
-    except ValueError:  # UnicodeDecodeError among them
+    data, unreadable = loads_or_reason(body)
+    if unreadable is not None:
         text = body.decode("utf-8", errors="replace")
-        raise BadReply(f"the reply is not JSON (HTTP {status}, {content_type or 'no content type'}): "
-                       f"{shown(text.strip())}") from None
+        raise BadReply(f"the reply is {unreadable} (HTTP {status}, {content_type or 'no content type'}): "
+                       f"{shown(text.strip())}")
     choices = data.get("choices") if isinstance(data, dict) else None
     if not isinstance(choices, list):
         raise BadReply(f"the reply is not a chat completion (no list of choices): {shown(data)}")

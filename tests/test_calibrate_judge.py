@@ -115,6 +115,29 @@ def test_a_missing_key_is_one_line_naming_the_variable(data, monkeypatch, capsys
     assert len(err) == 1 and err[0].startswith("error: the judge's API key is missing") and KEY_ENV in err[0]
 
 
+@pytest.mark.parametrize("results", [
+    json.dumps({"financebench_id": "fb9", "model_answer": "an answer", "label": "Correct Answer"}) + "\n", ""],
+    ids=["only unknown financebench ids", "an empty results file"])
+def test_no_labelled_answer_matched_is_one_line_and_exit_2(results, data, capsys):
+    """It was statistics.median of nothing: a StatisticsError traceback."""
+    (data / "results" / "fake-model_oracle.jsonl").write_text(results)
+    assert calibrate().main(["--data", str(data)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == (
+        f"error: no labelled answer matched a question: {data / 'results'}/*.jsonl holds {1 if results else 0} rows, "
+        f"none with a financebench_id in {data / 'financebench_open_source.jsonl'}\n")
+
+
+@pytest.mark.parametrize("flag", ["--limit", "--show"])
+def test_a_negative_count_is_refused_naming_the_flag(flag, data, capsys):
+    """--limit -1 judged every row but the last of each file, silently."""
+    with pytest.raises(SystemExit) as exited:
+        calibrate().main(["--data", str(data), flag, "-1"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        f"error: argument {flag}: -1 is negative: give 0 or more")
+
+
 def test_the_numeric_judge_on_financebenchs_labels_is_what_docs_judges_md_says(financebench_dir, capsys):
     assert calibrate().main(["--data", str(financebench_dir)]) == 0
     out = capsys.readouterr().out

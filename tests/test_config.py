@@ -85,6 +85,8 @@ BAD_CONFIGS: list[tuple[str, str, str]] = [
     ("bad pool indices", 'CONFIG_FINANCEBENCH_POOL_INDICES="1-"\n', "CONFIG_FINANCEBENCH_POOL_INDICES"),
     ("bad url", 'CONFIG_ENGINE_SGLANG=y\nCONFIG_SGLANG_URLS="localhost:30000"\n', "CONFIG_SGLANG_URLS"),
     ("unknown request path", 'CONFIG_ENGINE_SGLANG=y\nCONFIG_SGLANG_API="openai"\n', "CONFIG_SGLANG_API"),
+    # kconfiglib ends a line at "\n" only: the form feed and what follows are the value it reads.
+    ("a form feed inside a bool", "CONFIG_COMPARE_SIMPLE=n\x0cjunk\n", "CONFIG_COMPARE_SIMPLE"),
     ("viability above 1", 'CONFIG_STRATEGY_ARCHIVE=y\nCONFIG_ARCHIVE_MIN_CORRECTNESS="1.5"\n',
      "CONFIG_ARCHIVE_MIN_CORRECTNESS"),
 ]

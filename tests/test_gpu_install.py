@@ -16,17 +16,22 @@ PATH.
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
 
-from compressor_2.host import wheels
+from compressor_2.host import check, wheels
 from compressor_2.host.check import pins
 from tests.sglang_wheel import GPU_REQUIREMENTS, REPO, pinned, sglang_wheel, wheel_metadata
 
@@ -127,6 +132,83 @@ def test_the_check_parses_in_the_oldest_python_it_may_meet():
 
     for path in (REPO / "compressor_2" / "host").glob("*.py"):
         ast.parse(path.read_text(), feature_version=(3, 6))  # RHEL 8's python3: it runs before any install
+
+
+# -- a malformed answer of the index: one line, no traceback ---------------------------------------
+
+WHEEL = f"sglang-{pins(GPU_REQUIREMENTS)['sglang']}-cp311-abi3-manylinux_2_34_x86_64.whl"
+NOT_A_ZIP = b"<html>not a wheel</html>" * 8
+
+
+def page_of(**wheel: object) -> bytes:
+    """A PEP 691 page listing the pinned sglang's one wheel, with `wheel`'s keys."""
+    return json.dumps({"meta": {"api-version": "1.1"}, "name": "sglang",
+                       "files": [{"filename": WHEEL, "url": WHEEL, "hashes": {}, **wheel}]}).encode()
+
+
+# case -> ({path: body}, the end of what the check says after the index's address)
+MALFORMED_ANSWERS: dict[str, tuple[dict[str, bytes], str]] = {
+    "a JSON page without files": ({"/simple/sglang/": b'{"meta": {"api-version": "1.1"}, "name": "sglang"}'},
+                                  "/simple/sglang/: unexpected answer (KeyError: 'files')"),
+    "a JSON page that is not JSON": ({"/simple/sglang/": b"<html>Sign in to the proxy</html>"},
+                                     "/simple/sglang/: unexpected answer (JSONDecodeError: Expecting value: "
+                                     "line 1 column 1 (char 0))"),
+    "core metadata not UTF-8": ({"/simple/sglang/": page_of(**{"core-metadata": True}),
+                                 f"/simple/sglang/{WHEEL}.metadata": b"Name: sglang\nSummary: caf\xe9\n"},
+                                f"/simple/sglang/{WHEEL}: unexpected answer (UnicodeDecodeError: 'utf-8' codec "
+                                "can't decode byte 0xe9 in position 25: invalid continuation byte)"),
+    "a wheel that is no zip": ({"/simple/sglang/": page_of(), f"/simple/sglang/{WHEEL}": NOT_A_ZIP},
+                               f"/simple/sglang/{WHEEL}: unexpected answer (BadZipFile: File is not a zip file)"),
+}
+
+
+@contextlib.contextmanager
+def index_serving(answers: dict[str, bytes]) -> Iterator[str]:
+    """A package index on 127.0.0.1 whose every answer is a PEP 691 page, the body `answers`
+    holds for the path (404 for any other), whole or the byte range asked for."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            body = answers.get(self.path)
+            if body is None:
+                self.send_error(404)
+                return
+            wanted = re.fullmatch(r"bytes=-(\d+)", self.headers.get("Range", ""))
+            self.send_response(206 if wanted else 200)
+            self.send_header("Content-Type", wheels._JSON)
+            if wanted:  # the zip reader's first read: the end of the file, here all of it
+                self.send_header("Content-Range", f"bytes 0-{len(body) - 1}/{len(body)}")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            del format, args
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED_ANSWERS))
+def test_a_malformed_index_answer_is_one_line_naming_it(case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]):
+    """Each of these escaped `make install-gpu`'s check as a traceback (only WheelError was caught)."""
+    answers, said = MALFORMED_ANSWERS[case]
+    monkeypatch.setenv("COMPRESSOR_2_CACHE", str(tmp_path))  # nothing cached: the index is read
+    monkeypatch.setenv("no_proxy", "*")
+    with index_serving(answers) as index:
+        monkeypatch.setenv("PIP_INDEX_URL", f"{index}/simple")
+        code = check.main([str(GPU_REQUIREMENTS), "--python", sys.executable])
+    assert (code, capsys.readouterr().err) == (2, (
+        f"make install-gpu: cannot read the pinned wheels' metadata ({index}{said}): check the package index "
+        "(PIP_INDEX_URL), or make install-gpu HOST_CHECK=skip installs without this check\n"))
+    assert not (tmp_path / "gpu-host").exists()  # nothing cached: the next check asks again
 
 
 # -- the Makefile, with stand-ins ----------------------------------------------------------------------

@@ -390,6 +390,8 @@ CASES = [
          2, r"deltas file '.*fifo' is a FIFO, not a regular file: name the file itself"),
     Case("evaluate --data a FIFO", lambda s: s.command("evaluate", "--data", str(s.special("fifo"))),
          2, r"FinanceBench file '.*fifo' is a FIFO, not a regular file"),
+    Case("check-config --config a FIFO", lambda s: ["check-config", "--config", str(s.special("fifo"))],
+         2, r"config file '.*fifo' is a FIFO, not a regular file: name the file itself"),
     Case("a prompt template that is a FIFO",
          lambda s: s.command("evaluate", PROMPT_TEMPLATE_PATH=f'"{s.special("fifo")}"'),
          2, r"prompt template '.*fifo' is a FIFO, not a regular file"),
@@ -924,6 +926,20 @@ def with_usage(prompt_tokens: Any) -> Callable[[dict[str, Any], dict[str, str]],
     return reply
 
 
+def with_long_usage(digits: int) -> Callable[[dict[str, Any], dict[str, str]], tuple[int, Any]]:
+    """Valid replies whose usage.prompt_tokens has `digits` digits, more than Python reads
+    (json.dumps cannot write it either, so it goes into the text)."""
+    answer = with_usage("DIGITS")
+
+    def reply(body: dict[str, Any], headers: dict[str, str]) -> tuple[int, Any]:
+        status, text = answer(body, headers)
+        return status, text.replace('"DIGITS"', "9" * digits)
+    return reply
+
+
+NESTED_TOO_DEEPLY = "[" * 100_000  # a RecursionError in json.loads, which no `except ValueError` catches
+
+
 def no_tokens_counted(out: Path, printed: str) -> None:
     """Failed calls stop the run, its state saved, and nothing of them reaches the budget."""
     assert "stopped: state saved to" in printed
@@ -962,6 +978,12 @@ REPLIES = [
         rf"the reply's usage\.prompt_tokens is {re.escape(shown_count)}, not an integer in \[0, 2\^53\)"),
         no_tokens_counted) for count, shown_count in ((2**70, str(2**70)), ("many", "'many'"), (NAN, "nan"),
                                                       (-1_000_000, "-1000000"))),
+    ReplyCase("a reply nested too deeply to read", lambda body, headers: (200, NESTED_TOO_DEEPLY), EVERY_CALL, 1,
+              FAILED_CALLS.format(r"the reply is JSON nested too deeply to read \(HTTP 200, application/json\): "
+                                  r"'\[\[\[.*"), no_tokens_counted),
+    ReplyCase("usage.prompt_tokens of 5,000 digits", with_long_usage(5_000), EVERY_CALL, 1,
+              FAILED_CALLS.format(r"the reply is JSON with a number too long to read \(HTTP 200, application/json\): "
+                                  r"'\{\"id\": \"chatcmpl-fake\".*"), no_tokens_counted),
 ]
 
 
@@ -1325,12 +1347,37 @@ def test_a_judge_that_never_answers_stops_the_run_within_its_bound(tmp_path, sha
     assert 2 <= requests <= 2 * 8  # each call one request (the timeout covers its retries), 8 in flight at most
 
 
+def judge_reply_with_long_usage(digits: int) -> str:
+    from tests.fakes.openai_server import chat_completion
+
+    completion = chat_completion('{"is_correct": true, "reasoning": "same figure"}')
+    return json.dumps({**completion, "usage": {"prompt_tokens": "DIGITS"}}).replace('"DIGITS"', "9" * digits)
+
+
+def judge_content(content: str) -> dict[str, Any]:
+    from tests.fakes.openai_server import chat_completion
+
+    return chat_completion(content)
+
+
 @pytest.mark.parametrize("reply, said", [
-    (GATEWAY_PAGE, r"the reply is not JSON \(HTTP 200, application/json\): '<!doctype html>.*"),
-    ({"result": "ok"}, r"the reply is not a chat completion \(no list of choices\): \{'result': 'ok'\}"),
-], ids=["an HTML page with status 200", "a reply without choices"])
+    (GATEWAY_PAGE, r": the reply is not JSON \(HTTP 200, application/json\): '<!doctype html>.*"),
+    ({"result": "ok"}, r": the reply is not a chat completion \(no list of choices\): \{'result': 'ok'\}"),
+    (NESTED_TOO_DEEPLY, r": the reply is JSON nested too deeply to read \(HTTP 200, application/json\): '\[\[\[.*"),
+    (judge_reply_with_long_usage(5_000),
+     r": the reply is JSON with a number too long to read \(HTTP 200, application/json\): '\{\"id\".*"),
+    (judge_content("not a verdict"), r" did not return the verdict schema: 'not a verdict'"),
+    (judge_content(NESTED_TOO_DEEPLY),
+     r" did not return the verdict schema \(its content is JSON nested too deeply to read\): '\[\[\[.*"),
+    (judge_content('{"is_correct": true, "reasoning": "same", "score": ' + "9" * 5_000 + "}"),
+     r" did not return the verdict schema \(its content is JSON with a number too long to read\): "
+     r"'\{\"is_correct\".*"),
+], ids=["an HTML page with status 200", "a reply without choices", "a reply nested too deeply",
+        "usage of 5,000 digits", "content off the schema", "content nested too deeply", "content with 5,000 digits"])
 def test_a_judge_reply_that_is_no_chat_completion_is_a_failed_call_saying_what_came_back(reply, said):
-    """Item 4: the judge read the SDK's unvalidated object (JSONDecodeError, AttributeError)."""
+    """Item 4: the judge read the SDK's unvalidated object (JSONDecodeError, AttributeError);
+    JSON too deep for Python's parser (RecursionError) killed the run, and a number too long
+    for it was reported as no JSON at all."""
     from compressor_2.errors import RunError
     from compressor_2.judges.base import JudgeItem
     from compressor_2.judges.llm import LLMJudge
@@ -1343,7 +1390,7 @@ def test_a_judge_reply_that_is_no_chat_completion_is_a_failed_call_saying_what_c
         requests = len(server.requests)
     assert re.fullmatch(rf"the judge at {re.escape(server.base_url)} failed 2 calls in a row "
                         rf"\(CONFIG_JUDGE_MAX_CONSECUTIVE_FAILURES=2\); the last: the judge model m at "
-                        rf"{re.escape(server.base_url)}: {said}", str(failed.value)), str(failed.value)
+                        rf"{re.escape(server.base_url)}{said}", str(failed.value)), str(failed.value)
     assert requests == 2
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import kconfiglib
 
 from compressor_2.errors import ConfigError
+from compressor_2.file_kinds import check_readable_file
 
 KCONFIG_PATH = Path(__file__).resolve().parent.parent.parent / "Kconfig"
 # The largest amount in logit units an option may give (a step, a scale, a limit): a
@@ -39,7 +40,7 @@ _DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 def read_config(path: Path) -> Reader:
     """The `.config` at `path`, loaded against KCONFIG_PATH and checked."""
-    _check_readable(path)
+    text = _check_readable(path)
     kconf = kconfiglib.Kconfig(str(KCONFIG_PATH), warn_to_stderr=False)
     kconf.warn_assign_undef = True
     kconf.warn_assign_override = True
@@ -48,7 +49,7 @@ def read_config(path: Path) -> Reader:
     kconf.load_config(str(path))
     for sym in kconf.unique_defined_syms:
         sym.str_value  # range warnings are only emitted when a value is computed
-    _check_forms(path, kconf)
+    _check_forms(path, text, kconf)
     _check_kconfig_warnings(kconf)
     _check_unmet_assignments(kconf)
     return Reader(kconf)
@@ -72,11 +73,13 @@ def _choice(kconf: kconfiglib.Kconfig, prefix: str) -> kconfiglib.Choice:
     return next(sym.choice for name, sym in kconf.syms.items() if name.startswith(prefix) and sym.choice is not None)
 
 
-def _check_readable(path: Path) -> None:
-    """A config kconfiglib can read: it would report a directory or a non-UTF-8 byte with an
-    exception naming no line."""
+def _check_readable(path: Path) -> str:
+    """The text of a config kconfiglib can read: it would report a directory or a non-UTF-8
+    byte with an exception naming no line, and wait for ever on a FIFO."""
     if path.is_dir():
         raise ConfigError(f"config file '{path}' is a directory: pass the .config file itself")
+    # Before the not-found branch: a FIFO, a socket or a device is there, just not a file.
+    check_readable_file(path, "config file")
     if not path.is_file():
         raise ConfigError(
             f"config file '{path}' not found: create it with `make defconfig` "
@@ -84,19 +87,23 @@ def _check_readable(path: Path) -> None:
         )
     try:
         data = path.read_bytes()
-        data.decode("utf-8")
+        text = data.decode("utf-8")
     except OSError as exc:
         raise ConfigError(f"config file '{path}' cannot be read: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
         line = data[:exc.start].count(b"\n") + 1
         raise ConfigError(f"config file '{path}' line {line}: byte {data[exc.start]:#04x} is not UTF-8; "
                           "save the file as UTF-8") from None
+    # The lines kconfiglib reads: a text file's universal newlines, as read_text gives them.
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
-def _check_forms(path: Path, kconf: kconfiglib.Kconfig) -> None:
-    """Every bool, tristate, int and hex assignment in `path` written in Kconfig's form (the
-    file is UTF-8: `_check_readable` said so)."""
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+def _check_forms(path: Path, text: str, kconf: kconfiglib.Kconfig) -> None:
+    """Every bool, tristate, int and hex assignment in `text` (the file at `path`) written
+    in Kconfig's form."""
+    # Split as kconfiglib splits, on "\n" only: splitlines() also ends a line at \x0c, \x1c
+    # or \u2028, so `CONFIG_X=n\x0cjunk` passed here as `n` while kconfiglib read the whole.
+    for number, line in enumerate(text.split("\n"), 1):
         match = _ASSIGNMENT.match(line.rstrip())
         sym = kconf.syms.get(match[1]) if match else None
         if match is None or sym is None or sym.orig_type not in _FORMS:

@@ -24,6 +24,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 
@@ -163,15 +164,34 @@ def project(name: str, version: str, index: Optional[str] = None) -> Project:
 def fetch_project(name: str, version: str, index: str) -> Project:
     """Read the release's files and one Linux wheel's core metadata from the index."""
     page = urllib.parse.urljoin(index.rstrip("/") + "/", re.sub(r"[-_.]+", "-", name).lower() + "/")
-    files = [f for f in _simple_page(page) if file_version(f["filename"]) == version]
-    wheels = [f for f in files if f["filename"].endswith(".whl")]
-    if not wheels:
-        raise WheelError(f"{page} lists no wheel of {name} {version}")
-    chosen = ([f for f in wheels if wheel_tag(f["filename"]).glibc not in (None, (0, 0))] or wheels)[0]
-    metadata = email.parser.Parser().parsestr(_core_metadata(chosen))
+    try:
+        files = [f for f in _simple_page(page) if file_version(f["filename"]) == version]
+        wheels = [f for f in files if f["filename"].endswith(".whl")]
+        if not wheels:
+            raise WheelError(f"{page} lists no wheel of {name} {version}")
+        chosen = ([f for f in wheels if wheel_tag(f["filename"]).glibc not in (None, (0, 0))] or wheels)[0]
+    except _MALFORMED as exc:
+        raise WheelError(_unexpected(page, exc)) from None
+    try:
+        metadata = email.parser.Parser().parsestr(_core_metadata(chosen))
+    except _MALFORMED as exc:
+        raise WheelError(_unexpected(chosen["url"], exc)) from None
     return Project(name, version, sorted(f["filename"] for f in files),
                    chosen.get("requires-python") or metadata.get("Requires-Python") or "",
                    list(metadata.get_all("Requires-Dist") or []))
+
+
+# What a malformed answer raises while it is read, for `make install-gpu` to say in one line
+# rather than as a traceback: a JSON page without "files" (KeyError) or not JSON at all
+# (ValueError), a file entry or name of another shape, a wheel that is no zip (BadZipFile,
+# zlib.error, EOFError; NotImplementedError and RuntimeError for a compression or encryption
+# zipfile cannot read), metadata not UTF-8 (UnicodeDecodeError, a ValueError).
+_MALFORMED = (LookupError, TypeError, AttributeError, ValueError, RuntimeError, EOFError, zipfile.BadZipFile,
+              zlib.error)
+
+
+def _unexpected(url: str, exc: BaseException) -> str:
+    return f"{url}: unexpected answer ({type(exc).__name__}: {exc})"
 
 
 def _get(url: str, headers: Optional[Dict[str, str]] = None) -> Tuple[int, Dict[str, str], bytes]:

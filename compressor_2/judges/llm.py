@@ -20,7 +20,6 @@ model or URL (404) cannot improve by retrying and stops the run at once.
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -34,7 +33,7 @@ from compressor_2.config import Config
 from compressor_2.endpoint import check_reachable
 from compressor_2.errors import RunError
 from compressor_2.judges.base import JudgeItem, Verdict
-from compressor_2.json_values import shown
+from compressor_2.json_values import loads_or_reason, shown
 
 REASONING_MAX_CHARS = 2_000  # of a verdict's reasoning as stored, as of any other text of a reply
 CLIENT_RETRIES = 2  # the SDK's own, with its backoff, inside the call's timeout
@@ -148,9 +147,9 @@ class LLMJudge:
         except BadReply as exc:
             raise JudgeCallFailed(f"the judge model {self.model} at {self.base_url}: {exc}") from None
         verdict = _parse_verdict(content)
-        if verdict is None:
+        if isinstance(verdict, str):
             raise JudgeCallFailed(f"the judge model {self.model} at {self.base_url} did not return the verdict "
-                                  f"schema: {shown(content, 200)}")
+                                  f"schema{verdict}: {shown(content, 200)}")
         return verdict
 
     def _describe(self, exc: openai.APIError) -> tuple[str, bool]:
@@ -167,15 +166,16 @@ class LLMJudge:
         return masked(f"judge call to {self.base_url} failed after retries: {detail}", REASONING_MAX_CHARS), False
 
 
-def _parse_verdict(content: str | None) -> Verdict | None:
-    try:
-        data = json.loads(content or "")
-    except ValueError:
-        return None
+def _parse_verdict(content: str | None) -> Verdict | str:
+    """The verdict in `content`, or what to add to "did not return the verdict schema":
+    nothing, unless the content is JSON Python cannot read (too long a number, too deep)."""
+    data, unreadable = loads_or_reason(content or "")
+    if unreadable is not None:
+        return "" if unreadable == "not JSON" else f" (its content is {unreadable})"
     if not isinstance(data, dict):
-        return None
+        return ""
     is_correct, reasoning = data.get("is_correct"), data.get("reasoning")
     if not isinstance(is_correct, bool) or not isinstance(reasoning, str):
-        return None
+        return ""
     # Stored with the answer: a server may echo the Authorization header into it.
     return Verdict(is_correct, masked(reasoning, REASONING_MAX_CHARS))

@@ -24,7 +24,6 @@ later one raises `Abandoned` at once: the step they belong to replays on resume.
 from __future__ import annotations
 
 import itertools
-import json
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -34,7 +33,7 @@ from typing import Any, TypeVar
 from compressor_2.archive.database import CallRecord
 from compressor_2.deltas import clamp
 from compressor_2.errors import ReflectorUnavailable
-from compressor_2.json_values import as_float, shown
+from compressor_2.json_values import as_float, loads_or_reason, shown
 from compressor_2.reflector import limits
 from compressor_2.reflector.base import (
     Abandoned, MergeRequest, MergeResult, MutationRequest, MutationResult, Outstanding, Proposer, Reply, Selected,
@@ -59,14 +58,9 @@ class InvalidOutput(ValueError):
 def _json_object(reply: Reply) -> dict[str, Any]:
     if reply.content is None:
         raise InvalidOutput(f"the call failed: {reply.error}")
-    try:
-        data = json.loads(reply.content)
-    except json.JSONDecodeError:
-        raise InvalidOutput("the reply is not JSON") from None
-    except ValueError:  # an integer of more than 4,300 digits (sys.get_int_max_str_digits)
-        raise InvalidOutput("the reply is JSON with a number too long to read") from None
-    except RecursionError:
-        raise InvalidOutput("the reply is JSON nested too deeply to read") from None
+    data, unreadable = loads_or_reason(reply.content)
+    if unreadable is not None:
+        raise InvalidOutput(f"the reply is {unreadable}")
     if not isinstance(data, dict):
         raise InvalidOutput("the reply is not a JSON object")
     return data
