@@ -172,7 +172,7 @@ def services(config: Config, inputs: Inputs, archive: RunArchive, reflector: Ref
     run = Run(config=config, cluster_ids=ids, examples=inputs.examples, archive=archive,
               evaluator=evaluator_on(store=archive), reflector=reflector,
               pool=workers.pool(config.reflector_concurrency, "reflector"), budget=budget, best=best,
-              workers=workers, answer_tokens=tokens, heldout=inputs.heldout)
+              workers=workers, answer_tokens=tokens, initial=inputs.initial, heldout=inputs.heldout)
     return run, checks
 
 

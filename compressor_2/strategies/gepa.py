@@ -33,7 +33,7 @@ from compressor_2.atomic import atomic_write_json
 from compressor_2.config import Config, GepaOptions
 from compressor_2.data.example import Example
 from compressor_2.data.financebench import parse_indices
-from compressor_2.deltas import load_deltas, to_list
+from compressor_2.deltas import to_list
 from compressor_2.errors import ConfigError
 from compressor_2.fitness import Evaluation
 from compressor_2.reflector.base import MutationRequest, VectorRequest
@@ -146,8 +146,7 @@ class Gepa(Strategy):
         valset = split_valset(self.run.examples, self.options, random.Random(self.run.config.seed))
         feedback = [ex.id for ex in self.run.examples if ex.id not in set(valset)]
         self.state = GepaState(valset, EpochSampler(feedback, self.options.minibatch_size), [])
-        deltas = load_deltas(self.run.config.initial_deltas_path, self.run.cluster_ids)
-        self.add(deltas, "", "initial", (), 0, "seed candidate", step=FIRST_STEP)
+        self.add(self.run.initial, "", "initial", (), 0, "seed candidate", step=FIRST_STEP)
         say(f"GEPA on {len(valset)} valset and {len(feedback)} feedback examples, minibatches of "
             f"{self.options.minibatch_size}, until CONFIG_MAX_METRIC_CALLS={self.run.config.max_metric_calls}")
 
