@@ -167,7 +167,7 @@ def services(config: Config, inputs: Inputs, archive: RunArchive, reflector: Ref
         say(f"warning: {warning}")
     # Over the run's clusters, loaded once; BestEver says what changed, so the processor's
     # own line goes unsaid.
-    best = BestEver(config.output_dir, ids, functools.partial(write_processor, inputs.clusters),
+    best = BestEver(config.output_dir, functools.partial(write_processor, inputs.clusters),
                     cluster_fingerprint=inputs.digest)
     run = Run(config=config, cluster_ids=ids, examples=inputs.examples, archive=archive,
               evaluator=evaluator_on(store=archive), reflector=reflector,
