@@ -79,8 +79,6 @@ def load_deltas(path: str | Path, expected_ids: Iterable[str]) -> Deltas:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"deltas file '{path}' not found") from None
-    except IsADirectoryError:
-        raise ConfigError(f"deltas file '{path}' is a directory: name the JSON file itself") from None
     except OSError as exc:
         raise ConfigError(f"deltas file '{path}' cannot be read: {exc.strerror}") from None
     except UnicodeDecodeError:

@@ -169,12 +169,12 @@ def services(config: Config, inputs: Inputs, archive: RunArchive, reflector: Ref
         say(f"warning: {warning}")
     # Over the run's clusters, loaded once; BestEver says what changed, so the processor's
     # own line goes unsaid.
-    best = BestEver(config.output_dir, ids, functools.partial(write_processor, inputs.clusters),
+    best = BestEver(config.output_dir, functools.partial(write_processor, inputs.clusters),
                     cluster_fingerprint=inputs.digest)
     run = Run(config=config, cluster_ids=ids, examples=inputs.examples, archive=archive,
               evaluator=evaluator_on(store=archive), reflector=reflector,
               pool=workers.pool(config.reflector_concurrency, "reflector"), budget=budget, best=best,
-              workers=workers, answer_tokens=tokens, heldout=inputs.heldout)
+              workers=workers, answer_tokens=tokens, initial=inputs.initial, heldout=inputs.heldout)
     return run, checks
 
 

@@ -116,8 +116,8 @@ class Evaluator:
 
     `reuse=False` (sampling, temperature > 0) stores every answer but serves none from
     the cache: a sample is not the genome's answer, so each evaluation draws anew.
-    `gate`, when set, is told how many fresh answers a call needs before any is made, and
-    may refuse them by raising (the run's budget, inside a step).
+    `gate`, when set, is called before a call's fresh answers are made (none when the cache
+    serves them all), and may refuse them by raising (the run's budget, inside a step).
     """
 
     def __init__(self, engine: Engine, judge: Judge, examples: Sequence[Example],
@@ -135,7 +135,7 @@ class Evaluator:
         self.context = context
         self.reuse = reuse
         self.stats = CacheStats()
-        self.gate: Callable[[int], None] | None = None
+        self.gate: Callable[[], None] | None = None
 
     def evaluate(self, genomes: Sequence[Sequence[float]], progress: Progress | None = None,
                  examples: Sequence[Example] | None = None) -> list[Evaluation]:
@@ -150,7 +150,7 @@ class Evaluator:
         missing = [(key, genome, ex, ex_key) for key, genome in unique
                    for ex, ex_key in zip(chosen, ex_keys) if (key, ex_key) not in answers]
         if missing and self.gate is not None:
-            self.gate(len(missing))
+            self.gate()
         fresh_genomes = len({key for key, *_ in missing})
         self.stats.evaluations_run += fresh_genomes
         self.stats.cache_hits += len(keys) - fresh_genomes

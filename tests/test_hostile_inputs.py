@@ -701,7 +701,7 @@ def test_a_genome_with_an_infinite_delta_never_reaches_deltas_best(tmp_path, cap
     from compressor_2.run.state import Member
 
     written = []
-    best = BestEver(tmp_path, ["0", "1"], lambda deltas, out: written.append(out))
+    best = BestEver(tmp_path, lambda deltas, out: written.append(out))
 
     def evaluation(fitness: float) -> Evaluation:
         return Evaluation((0.0, 0.0), (), 1.0, 1.0, 0.5, fitness, ())

@@ -822,8 +822,7 @@ def _candidate_problem(row: Sequence[Any], decoded: dict[str, float] | None) -> 
         if not isinstance(text, str):
             return f"{name} is {shown(text)}, not text"
     for name, (value, high) in scores.items():
-        number = as_float(value)
-        if value is not None and (number is None or not 0 <= number <= high):
+        if not _score(value, high):
             return f"{name} is {shown(value)}, not a number {'in [0, 1]' if high == 1 else '>= 0'}"
     return None
 

@@ -22,7 +22,7 @@ class Vocabulary:
     texts: tuple[str, ...]
     tokens: tuple[str, ...]
     eos_ids: frozenset[int]
-    unsteered_ids: frozenset[int] = frozenset()
+    unsteered_ids: frozenset[int]
 
     def __len__(self) -> int:
         return len(self.texts)

@@ -225,8 +225,9 @@ class SGLangEngine:
     def check_servers(self, config: Config) -> None:
         """Find which URLs are routers (and choose the request path for "auto": completions
         when one is), then refuse a server or worker that runs speculative decoding, serves
-        another model or prefers answer-changing sampling fields; warn about one that is
-        not deterministic; keep the smallest served context for the prompt checks."""
+        another model or prefers answer-changing sampling fields, and (with
+        CONFIG_SGLANG_DETERMINISTIC=y) one without --enable-deterministic-inference; keep the
+        smallest served context for the prompt checks."""
         with httpx.Client(timeout=self.request_timeout) as client:
             found = [read_server(client, url) for url in self.urls]
             self.routers = {r.url: r.workers for r in found if isinstance(r, Router)}
@@ -315,14 +316,15 @@ class SGLangEngine:
         name = self.clusters.cluster_ids[cluster]
         guarded = self.probe_bodies(cluster, guarded_spec(), {"cluster_map": encode_cluster_map(
             self.clusters.token_clusters)})
+        own = self.probe_bodies(cluster)
         direct = [url for url in self.urls if url not in self.routers]
         workers = [worker for listed in self.routers.values() for worker in listed]
         with httpx.Client(timeout=self.request_timeout) as client:
             for url in [*direct, *workers]:
                 self._probe(client, url, prompt, members, guarded, self._cannot_import(url))
-                self._probe(client, url, prompt, members, self.probe_bodies(cluster), self._ignored(url, name))
+                self._probe(client, url, prompt, members, own, self._ignored(url, name))
             for url in self.routers:
-                self._probe(client, url, prompt, members, self.probe_bodies(cluster), self._ignored(url, name))
+                self._probe(client, url, prompt, members, own, self._ignored(url, name))
 
     def _probe(self, client: httpx.Client, url: str, prompt: ChatPrompt, members: set[int],
                bodies: list[dict[str, Any]], refusal: str) -> None:

@@ -173,7 +173,8 @@ def _facts(client: httpx.Client, url: str, server: dict[str, Any]) -> ServerFact
 
 def check_facts(facts: ServerFacts, config: SGLangSettings, api: str) -> None:
     """Refuse (exit 2) a server that would silently stop or skew the steering of requests on
-    path `api`; warn about one whose answers depend on batching."""
+    path `api`, and, with CONFIG_SGLANG_DETERMINISTIC=y, one whose greedy answers depend on
+    batching (with n, such a server is accepted without a word)."""
     url = facts.url
     algorithm = facts.speculative_algorithm
     if algorithm is not None and str(algorithm).strip().upper() not in ("", "NONE"):

@@ -24,14 +24,12 @@ WriteProcessor = Callable[[Path, Path], object]  # (deltas JSON, processor modul
 
 
 class BestEver:
-    def __init__(self, output_dir: Path, cluster_ids: Sequence[str], write_processor: WriteProcessor,
-                 member: Member | None = None, fitness: float | None = None, cluster_fingerprint: str = "") -> None:
+    def __init__(self, output_dir: Path, write_processor: WriteProcessor, cluster_fingerprint: str = "") -> None:
         self.output_dir = output_dir
         self.cluster_fingerprint = cluster_fingerprint
-        self.cluster_ids = list(cluster_ids)
         self.write_processor = write_processor
-        self.member = member
-        self.fitness = fitness
+        self.member: Member | None = None
+        self.fitness: float | None = None
 
     def consider(self, assessed: Sequence[tuple[Member, Evaluation]]) -> bool:
         """Takes the fittest of `assessed` (the earliest on a tie), each evaluated on the

@@ -120,10 +120,9 @@ class Budget:
     def exhausted(self) -> str | None:
         return stop_reason(self.limits, self.spent())
 
-    def gate(self, fresh: int) -> None:
-        """Before `fresh` (> 0) fresh answers of a step: raises BudgetReached once a budget
-        is reached."""
-        del fresh  # any number of them: the budget is what was spent before
+    def gate(self) -> None:
+        """Before a step's fresh answers (any number of them: the budget is what was spent
+        before): raises BudgetReached once a budget is reached."""
         if reason := self.exhausted():
             raise BudgetReached(reason)
 

@@ -41,7 +41,8 @@ def cap_context(context: str, cap: int) -> str:
 
 class Claims:
     """Arms paired on the training pool or the held-out questions, at one confidence level.
-    Each genome's answers are read once."""
+    Each genome's answers are read once, and each pairing is computed once: one output asks
+    for the same pairing several times, and its bootstrap is the costly part."""
 
     def __init__(self, archive: RunArchive, pool: Sequence[Example], heldout: Sequence[Example],
                  level: float = LEVEL) -> None:
@@ -50,6 +51,7 @@ class Claims:
         self.examples = {TRAINING: tuple(pool), HELDOUT: tuple(heldout)}
         self.level = level
         self._read: dict[tuple[str, str], dict[str, Answer]] = {}
+        self._paired: dict[tuple[Arm, Arm, str], Paired | None] = {}
 
     @classmethod
     def of_config(cls, config: Config, archive: RunArchive, level: float = LEVEL) -> Claims:
@@ -59,7 +61,10 @@ class Claims:
         pool = examples_from_config(config)
         return cls(archive, pool, holdout_examples(config, pool), level)
 
-    def _answers(self, genome: str, context: str) -> dict[str, Answer]:
+    def answers(self, genome: str, context: str | None = None) -> dict[str, Answer]:
+        """Every answer of `genome` the checks see under `context` (the run's own by default),
+        by example key."""
+        context = self.context if context is None else context
         if (genome, context) not in self._read:
             self._read[genome, context] = self._store.answers_for(genome, context)
         return self._read[genome, context]
@@ -69,16 +74,22 @@ class Claims:
         examples = self.examples[split]
         if arm.instruction:
             examples = instructed(examples, arm.instruction)
-        answers = self._answers(arm.genome, self.context)
+        answers = self.answers(arm.genome)
         found = [answers.get(example_key(ex)) for ex in examples]
         if arm.cap is None:
             return found
         # An answer within the cap is the capped answer too; only longer ones were cut.
-        cut = self._answers(arm.genome, cap_context(self.context, arm.cap))
+        cut = self.answers(arm.genome, cap_context(self.context, arm.cap))
         return [a if a is None or a.tokens <= arm.cap else cut.get(example_key(ex)) for ex, a in zip(examples, found)]
 
     def paired(self, reference: Arm, other: Arm, split: str) -> Paired | None:
         """`other` against `reference` on the questions of `split` both answered; None if none."""
+        key = (reference, other, split)
+        if key not in self._paired:
+            self._paired[key] = self._pair(reference, other, split)
+        return self._paired[key]
+
+    def _pair(self, reference: Arm, other: Arm, split: str) -> Paired | None:
         pairs = [(r, o) for r, o in zip(self.outcomes(reference, split), self.outcomes(other, split))
                  if r is not None and o is not None]
         if not pairs:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import jinja2
 
-from compressor_2.archive.database import Answer, Candidate, CheckStore, RunArchive
+from compressor_2.archive.database import Answer, Candidate, RunArchive
 from compressor_2.atomic import atomic_write_text
 from compressor_2.data.example import Example
 from compressor_2.fitness import example_key
@@ -109,17 +109,15 @@ def write_report(archive: RunArchive, out: Path, pool: Sequence[Example], heldou
 def render(archive: RunArchive, out: Path, pool: Sequence[Example], heldout: Sequence[Example],
            now: Standing | None = None) -> str:
     now = standing(archive) if now is None else now
-    context = archive.meta("context", "") or ""
-    answers = CheckStore(archive).answers_for
+    claims = Claims(archive, pool, heldout)
     best_genome = now.genome(now.best.id) if now.best is not None else None
-    base_answers = answers(now.zeros, context) if now.zeros is not None else {}
-    best_answers = answers(best_genome, context) if best_genome is not None else {}
+    base_answers = claims.answers(now.zeros) if now.zeros is not None else {}
+    best_answers = claims.answers(best_genome) if best_genome is not None else {}
     calls, prompt, completion = archive.reflector_tokens()
     check_fresh, check_cached = archive.check_calls()
     lineage: list[Candidate] = []
     if now.best is not None:
         lineage = [now.candidates[a] for a in archive.lineage().ancestors(now.best.id)] + [now.candidates[now.best.id]]
-    claims = Claims(archive, pool, heldout)
     zeros = Arm(now.zeros or "")
     best_arm = Arm(best_genome or "")
     record = read_record(archive) if best_genome is not None and now.zeros is not None else None

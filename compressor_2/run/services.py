@@ -19,6 +19,7 @@ from compressor_2.archive.database import Candidate, Placement, RunArchive, Spot
 from compressor_2.clusters.tokens import AnswerTokens
 from compressor_2.config import Config
 from compressor_2.data.example import Example
+from compressor_2.deltas import Deltas
 from compressor_2.fitness import Evaluation, Evaluator
 from compressor_2.reflector.base import Reflector
 from compressor_2.run.best import BestEver
@@ -60,6 +61,7 @@ class Run:
     best: BestEver
     workers: Workers  # every thread pool of the run (`pool` is one of them)
     answer_tokens: AnswerTokens  # answers retokenised through the cluster map, shared with the local reflector
+    initial: Deltas  # CONFIG_INITIAL_DELTAS_PATH, as preflight read it: where every strategy starts
     heldout: tuple[Example, ...] = ()  # CONFIG_HOLDOUT_*: checked when the run stops, never searched on
 
     @property

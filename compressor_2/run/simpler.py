@@ -123,10 +123,11 @@ def read_record(archive: RunArchive) -> Record | None:
 
 
 def _tried(raw: object) -> Tried:
-    values = [as_float(v) for v in raw] if isinstance(raw, list) and len(raw) == 4 else []
-    if len(values) != 4 or None in values:
+    found = [as_float(v) for v in raw] if isinstance(raw, list) and len(raw) == 4 else []
+    values = [v for v in found if v is not None]  # four only when every one is a finite number
+    if len(values) != 4:
         raise ValueError
-    x, tokens, correctness, fitness = (float(v or 0) for v in values)
+    x, tokens, correctness, fitness = values
     return x, tokens, correctness, fitness
 
 

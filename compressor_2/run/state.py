@@ -5,8 +5,7 @@ A state file is one JSON object:
   §2; `iteration` for the others);
 - `rng`: exactly the generators the strategy draws from (the global `random` and numpy
   ones for the GA and the numeric baselines, its own `random.Random` for the archive and
-  GEPA), so a resumed run draws what an uninterrupted one would have (GEPA forgets its RNG
-  on resume);
+  GEPA), so a resumed run draws what an uninterrupted one would have;
 - `last_candidate_id`: the archive's newest candidate when the state was taken; a resume
   forgets what came after it, so the replayed step makes the same ids again;
 - with the GA (`keeps_best`), `best_individual` and `best_fitness`: the best-ever, which

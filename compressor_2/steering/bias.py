@@ -14,8 +14,6 @@ their source into a module that has no `torch` global.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
 
@@ -38,12 +36,6 @@ def bias_matrix(
     index = gather_index(token_clusters[:vocab], deltas_rows.shape[1])
     bias[:, :vocab] = torch.nn.functional.pad(deltas_rows, (0, 1)).index_select(1, index)
     return bias
-
-
-def bias_vector(deltas: Sequence[float], token_clusters: torch.Tensor, width: int) -> torch.Tensor:
-    """The single-row form: shape (width,)."""
-    rows = torch.tensor([list(deltas)], dtype=torch.float32, device=token_clusters.device)
-    return bias_matrix(rows, token_clusters, width)[0]
 
 
 def apply_bias(logits: torch.Tensor, deltas_rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -33,7 +33,7 @@ from compressor_2.archive.database import Candidate, Spot, genome_key
 from compressor_2.archive.lineage import Lineage
 from compressor_2.atomic import atomic_write_text
 from compressor_2.config import ArchiveOptions, Config
-from compressor_2.deltas import load_deltas, to_list
+from compressor_2.deltas import to_list
 from compressor_2.errors import ConfigError
 from compressor_2.fitness import Evaluation, Record
 from compressor_2.reflector.base import MergeRequest, MutationRequest, VectorRequest
@@ -197,9 +197,8 @@ class Archive(Strategy):
 
     def seed(self) -> None:
         """The seed candidate: the initial deltas, assessed on the pool."""
-        deltas = load_deltas(self.run.config.initial_deltas_path, self.run.cluster_ids)
-        [evaluation] = self.run.evaluate([to_list(deltas)], "seed candidate")
-        [seed] = self.run.admit(FIRST_STEP, [NewCandidate(deltas, "", "initial", (), 0, evaluation,
+        [evaluation] = self.run.evaluate([to_list(self.run.initial)], "seed candidate")
+        [seed] = self.run.admit(FIRST_STEP, [NewCandidate(self.run.initial, "", "initial", (), 0, evaluation,
                                                       spot=Spot(0, "cand", 0))])
         assert seed.id is not None
         self._records[seed.id] = evaluation

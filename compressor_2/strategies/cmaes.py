@@ -18,7 +18,7 @@ import numpy as np
 from deap import cma
 
 from compressor_2.config import CmaesOptions, Config
-from compressor_2.deltas import clamp_rows, load_deltas, to_list
+from compressor_2.deltas import clamp_rows, to_list
 from compressor_2.run import fields
 from compressor_2.run.budget import Cost
 from compressor_2.run.fields import FieldError
@@ -45,7 +45,7 @@ def estimate(config: Config, n_examples: int) -> Cost:
 
 def make(run: Run) -> Search:
     options = options_of(run.config, "cmaes")
-    centre = to_list(load_deltas(run.config.initial_deltas_path, run.cluster_ids))
+    centre = to_list(run.initial)
     strategy = cma.Strategy(centroid=centre, sigma=options.sigma, lambda_=population_size(options, len(centre)))
     return Search(run, CmaesSampler(strategy), "cmaes", options.generations, STATE_FILE, "generation",
                   "CONFIG_CMAES_GENERATIONS")

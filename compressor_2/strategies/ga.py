@@ -39,7 +39,7 @@ from deap import base, tools
 
 from compressor_2.archive.database import Placement, RunArchive, Spot
 from compressor_2.config import Config
-from compressor_2.deltas import load_deltas, to_dict, to_list
+from compressor_2.deltas import to_dict, to_list
 from compressor_2.reflector.base import PopulationMember, Selected, SelectionRequest
 from compressor_2.reflector.prompts import estimated_call_tokens
 from compressor_2.run import fields
@@ -154,7 +154,7 @@ class Ga:
         """Seed 000 §1: the initial deltas cloned; each clone is an "initial" candidate."""
         run, options = self.run, self.options
         self.toolbox = self._toolbox()
-        initial = to_list(load_deltas(run.config.initial_deltas_path, run.cluster_ids))
+        initial = to_list(run.initial)
         self.population = initial_population(initial, options.population_size)
         made = run.admit(FIRST_STEP, [NewCandidate(to_dict(ind, run.cluster_ids), ind.scratchpad, "initial", (), 0,
                                                spot=Spot(0, "pop", i)) for i, ind in enumerate(self.population)])

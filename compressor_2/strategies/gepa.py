@@ -33,14 +33,14 @@ from compressor_2.atomic import atomic_write_json
 from compressor_2.config import Config, GepaOptions
 from compressor_2.data.example import Example
 from compressor_2.data.financebench import parse_indices
-from compressor_2.deltas import load_deltas, to_list
+from compressor_2.deltas import to_list
 from compressor_2.errors import ConfigError
 from compressor_2.fitness import Evaluation
 from compressor_2.reflector.base import MutationRequest, VectorRequest
 from compressor_2.reflector.prompts import estimated_call_tokens
 from compressor_2.run import fields
 from compressor_2.run.budget import Cost
-from compressor_2.run.driver import FIRST_STEP, Report, Strategy
+from compressor_2.run.driver import Report, Strategy
 from compressor_2.run.fields import FieldError
 from compressor_2.run.progress import say
 from compressor_2.run.services import NewCandidate, Run
@@ -146,8 +146,7 @@ class Gepa(Strategy):
         valset = split_valset(self.run.examples, self.options, random.Random(self.run.config.seed))
         feedback = [ex.id for ex in self.run.examples if ex.id not in set(valset)]
         self.state = GepaState(valset, EpochSampler(feedback, self.options.minibatch_size), [])
-        deltas = load_deltas(self.run.config.initial_deltas_path, self.run.cluster_ids)
-        self.add(deltas, "", "initial", (), 0, "seed candidate", step=FIRST_STEP)
+        self.add(self.run.initial, "", "initial", (), 0, "seed candidate")
         say(f"GEPA on {len(valset)} valset and {len(feedback)} feedback examples, minibatches of "
             f"{self.options.minibatch_size}, until CONFIG_MAX_METRIC_CALLS={self.run.config.max_metric_calls}")
 
@@ -199,12 +198,13 @@ class Gepa(Strategy):
         return evaluation
 
     def add(self, deltas: dict[str, float], scratchpad: str, operator: str, parents: tuple[int, ...], made_in: int,
-            label: str, note: str = "", step: int | None = None) -> int:
+            label: str, note: str = "") -> int:
         """Evaluates a kept proposal fully on the valset and adds it to the pool: a candidate
-        whose fitness is its aggregate valset score, placed in the column of `made_in`."""
+        whose fitness is its aggregate valset score, placed in the column of `made_in` and
+        decided in the step before it (the seed, made in 0: the start's step)."""
         [evaluation] = self.run.evaluate([to_list(deltas)], label, self.examples(self.state.valset))
         aggregate = replace(evaluation, fitness=statistics.fmean(evaluation.scores))
-        [c] = self.run.admit(made_in - 1 if step is None else step, [NewCandidate(
+        [c] = self.run.admit(made_in - 1, [NewCandidate(
             deltas, scratchpad, operator, parents, made_in, aggregate, note=note,
             spot=Spot(made_in, "cand", len(self.state.pool)))])
         assert c.id is not None

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from compressor_2.config import Config
-from compressor_2.deltas import clamp_rows, load_deltas, to_list
+from compressor_2.deltas import clamp_rows, to_list
 from compressor_2.run.budget import Cost
 from compressor_2.run.services import Run
 from compressor_2.strategies import options_of
@@ -32,7 +32,7 @@ def estimate(config: Config, n_examples: int) -> Cost:
 
 def make(run: Run) -> Search:
     options = options_of(run.config, "random")
-    centre = to_list(load_deltas(run.config.initial_deltas_path, run.cluster_ids))
+    centre = to_list(run.initial)
     sampler = RandomSampler(centre, options.distribution, options.scale, options.batch_size)
     return Search(run, sampler, "random", options.batches, STATE_FILE, "batch", "CONFIG_RANDOM_BATCHES")
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from compressor_2.archive.database import Spot
-from compressor_2.deltas import load_deltas, to_dict, to_list
+from compressor_2.deltas import to_dict, to_list
 from compressor_2.fitness import Evaluation
 from compressor_2.run import fields
 from compressor_2.run.driver import FIRST_STEP, Report, Strategy
@@ -80,8 +80,7 @@ class Search(Strategy):
         return state
 
     def start(self) -> None:
-        initial = load_deltas(self.run.config.initial_deltas_path, self.run.cluster_ids)
-        [(_, seed)] = self.assess([to_list(initial)], FIRST_STEP, "initial deltas")
+        [(_, seed)] = self.assess([to_list(self.run.initial)], FIRST_STEP, "initial deltas")
         seed_rng(self.run.config.seed)
         say(f"{self.name}: {self.steps} {plural(self.step_name)} on {len(self.run.examples)} training examples, "
             f"seeded by the initial deltas (fitness {seed.fitness:.4f})")
