@@ -16,10 +16,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from compressor_2.api_key import ScrubFilter, scrub
+from compressor_2.common.api_key import ScrubFilter, scrub
+from compressor_2.common.errors import ConfigError, RunError
+from compressor_2.common.interrupts import stop_on_first_signal, stopping
 from compressor_2.config import Config, load_config
-from compressor_2.errors import ConfigError, RunError
-from compressor_2.interrupts import stop_on_first_signal, stopping
 
 DESCRIPTION = ("compressor_2: evolve per-cluster logit steering deltas so that an LLM answers briefly "
                "without answering worse. Configure with `make menuconfig` (writes .config), then run "

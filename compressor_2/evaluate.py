@@ -12,7 +12,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from compressor_2.atomic import atomic_write_json
+from compressor_2.common.atomic import atomic_write_json
 from compressor_2.config import Config
 from compressor_2.data.example import Example
 from compressor_2.deltas import canonical_ids, check_fingerprint, load_deltas, to_dict, to_list

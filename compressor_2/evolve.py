@@ -32,13 +32,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from compressor_2.archive.database import ARCHIVE_FILE, CheckStore, RunArchive
-from compressor_2.atomic import remove_orphans
+from compressor_2.common.atomic import remove_orphans
+from compressor_2.common.errors import ConfigError
+from compressor_2.common.interrupts import signals_ignored, stop_on_first_signal
 from compressor_2.config import Config
 from compressor_2.data.example import Example
 from compressor_2.deltas import Deltas, check_fingerprint, fingerprint_path, load_deltas
-from compressor_2.errors import ConfigError
 from compressor_2.fitness import Evaluator, answer_context
-from compressor_2.interrupts import signals_ignored, stop_on_first_signal
 from compressor_2.reflector.prompt_log import PROMPT_DIR
 from compressor_2.run.best import DELTAS_BEST, PROCESSOR_BEST, BestEver
 from compressor_2.run.budget import Budget, Limits, shortfall

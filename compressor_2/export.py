@@ -17,10 +17,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from compressor_2.archive.database import ARCHIVE_FILE, Candidate, RunArchive
-from compressor_2.atomic import atomic_write_json
+from compressor_2.common.atomic import atomic_write_json
+from compressor_2.common.errors import ConfigError
 from compressor_2.config import Config
 from compressor_2.deltas import fingerprint_path, recorded_fingerprint, write_fingerprint
-from compressor_2.errors import ConfigError
 from compressor_2.run.best import DELTAS_BEST
 from compressor_2.run.checks import Standing, standing
 from compressor_2.run.claims import HELDOUT, Arm, Claims

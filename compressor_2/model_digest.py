@@ -19,8 +19,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from compressor_2.atomic import atomic_write_json
-from compressor_2.errors import ConfigError, RunError
+from compressor_2.common.atomic import atomic_write_json
+from compressor_2.common.errors import ConfigError, RunError
 
 CACHE_FILE = "model_digests.json"
 DIGEST_CHARS = 16

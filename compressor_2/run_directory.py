@@ -12,14 +12,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from compressor_2.archive.database import ARCHIVE_FILE
-from compressor_2.atomic import why_unwritable
-from compressor_2.file_kinds import file_kind
 from compressor_2.clusters.clusterset import ArtifactPaths
 from compressor_2.clusters.written import LEDGER_FILE, why_not_writable, written_here
+from compressor_2.common.atomic import why_unwritable
+from compressor_2.common.errors import ConfigError
+from compressor_2.common.file_kinds import file_kind
 from compressor_2.config import Config
 from compressor_2.deltas import fingerprint_path
 from compressor_2.engines.sglang_server import LOG_NAME
-from compressor_2.errors import ConfigError
 from compressor_2.reflector.prompt_log import PROMPT_DIR
 from compressor_2.run.best import DELTAS_BEST, PROCESSOR_BEST
 from compressor_2.run.history import HISTORY_FILE

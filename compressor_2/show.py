@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from compressor_2.archive.database import ARCHIVE_FILE, Answer, Candidate, CheckResult, CheckStore, RunArchive, genome_key
+from compressor_2.common.errors import ConfigError
+from compressor_2.common.json_values import as_float, shown
 from compressor_2.config import Config
-from compressor_2.errors import ConfigError
 from compressor_2.fitness import example_key
-from compressor_2.json_values import as_float, shown
 from compressor_2.run.checks import BASELINE_ID, Standing, standing
 from compressor_2.run.claims import HELDOUT, TRAINING, Arm, Claims
 from compressor_2.run.confidence import ci, correctness_claim, does_as_well, points_claim, tokens_change

@@ -137,7 +137,7 @@ def test_ctrl_c_inside_a_step_resumes_to_the_uninterrupted_end(tmp_path, shared,
 
 
 def test_the_baselines_options_are_checked(tmp_path, shared, tiny_model_dir):
-    from compressor_2.errors import ConfigError
+    from compressor_2.common.errors import ConfigError
 
     with pytest.raises(ConfigError, match="CONFIG_RANDOM_DISTRIBUTION='cauchy' is unknown"):
         config_for(tmp_path, shared, tiny_model_dir, **{**RANDOM, "RANDOM_DISTRIBUTION": '"cauchy"'})

@@ -18,8 +18,8 @@ from compressor_2.clusters.clusterset import ArtifactPaths, load_cluster_set
 from compressor_2.clusters.layout import UNSTEERED
 from compressor_2.clusters.special import is_number_token
 from compressor_2.clusters.vocab import load_vocabulary
+from compressor_2.common.errors import ConfigError
 from compressor_2.config import Config
-from compressor_2.errors import ConfigError
 from tests.cluster_helpers import cluster_config
 from tests.conftest import REPO
 

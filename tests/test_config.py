@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from compressor_2.common.errors import ConfigError
 from compressor_2.config import load_config
-from compressor_2.errors import ConfigError
 from tests.conftest import REPO
 
 DEFCONFIG = (REPO / "defconfig").read_text()

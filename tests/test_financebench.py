@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from compressor_2.common.errors import ConfigError
 from compressor_2.config import load_config
 from compressor_2.data.financebench import examples_from_config, load_examples, parse_indices
 from compressor_2.data.prompt import DEFAULT_TEMPLATE
-from compressor_2.errors import ConfigError
 from tests.conftest import REPO
 
 

@@ -11,7 +11,7 @@ import random
 import pytest
 
 from compressor_2.cli import main
-from compressor_2.errors import ConfigError
+from compressor_2.common.errors import ConfigError
 from compressor_2.evolve import evolve
 from compressor_2.strategies.gepa_pareto import (
     EpochSampler,

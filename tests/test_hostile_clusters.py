@@ -72,7 +72,7 @@ def test_a_run_on_other_clusters_does_not_rebuild_a_directory_in_use(tmp_path, s
     import subprocess
     import sys
 
-    from compressor_2.errors import RunError
+    from compressor_2.common.errors import RunError
 
     config = config_for(tmp_path, shared, tiny_model_dir)
     build_clusters(config)

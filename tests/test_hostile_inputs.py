@@ -676,8 +676,8 @@ def test_the_atomic_writer_never_renames_over_anything_but_a_regular_file(tmp_pa
     points to), a FIFO and a directory stay as they are, and no temp file is left."""
     import os
 
-    from compressor_2.atomic import atomic_write_json
-    from compressor_2.errors import ConfigError
+    from compressor_2.common.atomic import atomic_write_json
+    from compressor_2.common.errors import ConfigError
 
     target = tmp_path / "target.json"
     target.write_text("{}")
@@ -1247,11 +1247,11 @@ def test_a_full_disk_is_one_line_naming_the_file(tmp_path, shared, tiny_model_di
     from tests.conftest import REPO
 
     target = tmp_path / "big.json"
-    written = subprocess.run([sys.executable, "-c", "import sys; from compressor_2.atomic import atomic_write_bytes; "
+    written = subprocess.run([sys.executable, "-c", "import sys; from compressor_2.common.atomic import atomic_write_bytes; "
                               "atomic_write_bytes(sys.argv[1], bytes(1 << 20))", str(target)], cwd=REPO,
                              capture_output=True, text=True, preexec_fn=little_room, timeout=300, check=False)
     assert written.stderr.strip().splitlines()[-1] == (
-        f"compressor_2.errors.RunError: '{target}' cannot be written: File too large"), written.stderr
+        f"compressor_2.common.errors.RunError: '{target}' cannot be written: File too large"), written.stderr
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".big")) == [] and not target.exists()
 
 
@@ -1378,7 +1378,7 @@ def test_a_judge_reply_that_is_no_chat_completion_is_a_failed_call_saying_what_c
     """Item 4: the judge read the SDK's unvalidated object (JSONDecodeError, AttributeError);
     JSON too deep for Python's parser (RecursionError) killed the run, and a number too long
     for it was reported as no JSON at all."""
-    from compressor_2.errors import RunError
+    from compressor_2.common.errors import RunError
     from compressor_2.judges.base import JudgeItem
     from compressor_2.judges.llm import LLMJudge
     from tests.fakes.openai_server import FakeOpenAIServer

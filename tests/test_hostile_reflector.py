@@ -97,7 +97,7 @@ def test_a_reflector_that_always_fails_stops_the_run_with_its_state_saved(tmp_pa
 def test_log_lines_and_texts_are_scrubbed_in_one_place(caplog):
     import logging
 
-    from compressor_2.api_key import ScrubFilter, remember, scrub
+    from compressor_2.common.api_key import ScrubFilter, remember, scrub
 
     remember("sk-another-SECRET")
     assert scrub("Bearer sk-another-SECRET, again sk-another-SECRET") == "Bearer ***, again ***"

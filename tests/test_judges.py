@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from compressor_2.common.errors import ConfigError, RunError
 from compressor_2.config import Config, load_config
-from compressor_2.errors import ConfigError, RunError
 from compressor_2.judges.base import JudgeItem
 from compressor_2.judges.hybrid import HybridJudge
 from compressor_2.judges.llm import VERDICT_SCHEMA, LLMJudge

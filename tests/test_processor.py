@@ -21,8 +21,8 @@ import torch
 from compressor_2.clusters.build import build_clusters
 from compressor_2.clusters.clusterset import ClusterSet
 from compressor_2.clusters.layout import FINGERPRINT_FILE
+from compressor_2.common.errors import ConfigError
 from compressor_2.config import Config
-from compressor_2.errors import ConfigError
 from compressor_2.steering.generate import generate_processor
 from compressor_2.steering.processor import (
     SteeringProcessor,

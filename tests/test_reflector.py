@@ -175,7 +175,7 @@ LONG_KEY = "sk-proj-" + "Ab3Xy9" * 25 + "Q7z"  # 161 characters, as OpenAI's pro
 def test_a_key_echoed_in_a_refused_value_is_masked_before_it_is_cut(tmp_path: Path):
     """`delta` quoting the Authorization header: its repr runs past the 80 characters a
     refused value is shown in, so a cut before the mask kept the key's first 56 characters."""
-    from compressor_2.api_key import remember
+    from compressor_2.common.api_key import remember
 
     remember(LONG_KEY)
     verdicts: list[str] = []
@@ -192,7 +192,7 @@ def test_a_key_echoed_in_a_refused_value_is_masked_before_it_is_cut(tmp_path: Pa
 
 
 def test_a_key_across_the_prompt_logs_cut_is_masked_before_it_is_cut(tmp_path: Path):
-    from compressor_2.api_key import remember
+    from compressor_2.common.api_key import remember
     from compressor_2.reflector.limits import REPLY_LOG_MAX_CHARS
 
     remember(LONG_KEY)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from compressor_2.common.errors import ConfigError, RunError
 from compressor_2.config import load_config
-from compressor_2.errors import ConfigError, RunError
 from compressor_2.fitness import Record
 from compressor_2.reflector.base import MergeRequest, MutationRequest
 from compressor_2.reflector.openai_reflector import OpenAIProposer

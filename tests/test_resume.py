@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compressor_2 import interrupts
+from compressor_2.common import interrupts
+from compressor_2.common.errors import ConfigError
 from compressor_2.config import load_config
-from compressor_2.errors import ConfigError
 from compressor_2.evolve import evolve
 from compressor_2.reflector.local import LocalProposer
 from compressor_2.run.state import (

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from compressor_2.cli import main
-from compressor_2.errors import ConfigError
+from compressor_2.common.errors import ConfigError
 from compressor_2.evolve import evolve
 from tests.conftest import REPO
 from tests.fakes.openai_server import FakeOpenAIServer, chat_completion

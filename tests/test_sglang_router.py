@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
+from compressor_2.common.errors import RunError
 from compressor_2.engines.sglang_engine import PROBE_TOKENS, SGLangEngine
-from compressor_2.errors import RunError
 from compressor_2.evaluate import run_evaluate
 from compressor_2.evolve import evolve
 from compressor_2.steering.guarded import guarded_spec

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from compressor_2.common.endpoint import is_loopback
+from compressor_2.common.errors import ConfigError, RunError
 from compressor_2.config.sglang import launch_command
-from compressor_2.endpoint import is_loopback
 from compressor_2.engines.sglang_server import LOG_NAME, SGLangServer
-from compressor_2.errors import ConfigError, RunError
 from tests.sglang_helpers import REPO, fake_stats, logged_pids, process_gone, sglang_config
 
 

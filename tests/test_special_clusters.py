@@ -10,7 +10,7 @@ import pytest
 
 from compressor_2.clusters.special import is_number_token, number_token_ids
 from compressor_2.clusters.vocab import Vocabulary, load_vocabulary
-from compressor_2.errors import ConfigError
+from compressor_2.common.errors import ConfigError
 from tests.cluster_helpers import build_word_bpe
 
 NUMBERS = ["7", "2018", " 2018", "Ġ2018", "▁42", "##5", "1,000", " 1,000", "3.5%", "$", " $", "Ġ$",

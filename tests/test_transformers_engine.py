@@ -10,9 +10,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from compressor_2.common.errors import ConfigError
 from compressor_2.engines.base import GenerationRequest
 from compressor_2.engines.transformers_engine import TransformersEngine
-from compressor_2.errors import ConfigError
 from compressor_2.steering.hf_processor import DeltaBiasProcessor
 
 PROMPTS = [

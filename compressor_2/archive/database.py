@@ -44,11 +44,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from compressor_2.api_key import scrub
 from compressor_2.archive.lineage import Lineage
-from compressor_2.chat_reply import MAX_TOKENS
-from compressor_2.errors import ConfigError, RunError
-from compressor_2.json_values import as_count, as_float, shown
+from compressor_2.common.api_key import scrub
+from compressor_2.common.chat_reply import MAX_TOKENS
+from compressor_2.common.errors import ConfigError, RunError
+from compressor_2.common.json_values import as_count, as_float, shown
 
 ARCHIVE_FILE = "run.sqlite"
 SCHEMA_VERSION = 1

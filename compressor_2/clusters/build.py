@@ -24,8 +24,6 @@ from typing import Any
 
 import numpy as np
 
-from compressor_2.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
-from compressor_2.file_kinds import file_kind
 from compressor_2.clusters.clusterset import (
     FORMAT_VERSION,
     ArtifactPaths,
@@ -44,11 +42,13 @@ from compressor_2.clusters.describe import describe_clusters, unsteered
 from compressor_2.clusters.embed import MAX_PIECES, embed_texts
 from compressor_2.clusters.layout import UNSTEERED
 from compressor_2.clusters.special import EMBEDDED_TEXT_VERSION, number_token_ids, strip_markers
-from compressor_2.clusters.written import claim, written_here
 from compressor_2.clusters.vocab import Vocabulary, load_vocabulary, tokenizer_files_digest
+from compressor_2.clusters.written import claim, written_here
+from compressor_2.common.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
+from compressor_2.common.errors import ConfigError, RunError
+from compressor_2.common.file_kinds import file_kind
 from compressor_2.config import Config
 from compressor_2.deltas import canonical_ids, fingerprint_path, load_deltas, write_fingerprint
-from compressor_2.errors import ConfigError, RunError
 
 __all__ = ["ClusterSet", "build_clusters"]
 

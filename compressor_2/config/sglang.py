@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from compressor_2.endpoint import TUNNEL_HINT, is_loopback
-from compressor_2.errors import ConfigError
+from compressor_2.common.endpoint import TUNNEL_HINT, is_loopback
+from compressor_2.common.errors import ConfigError
 
 CUSTOM_PROCESSOR_FLAG = "--enable-custom-logit-processor"
 DETERMINISTIC_FLAG = "--enable-deterministic-inference"

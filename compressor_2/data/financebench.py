@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from compressor_2.common.errors import ConfigError
+from compressor_2.common.file_kinds import check_readable_file
 from compressor_2.config import Config
 from compressor_2.data.example import Example
 from compressor_2.data.prompt import DEFAULT_TEMPLATE, build_prompt, load_template
-from compressor_2.errors import ConfigError
-from compressor_2.file_kinds import check_readable_file
 
 _RANGE = re.compile(r"(\d+)(?:-(\d+))?")
 

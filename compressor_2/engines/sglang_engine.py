@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import numpy as np
 
+from compressor_2.common.errors import ConfigError, RunError
 from compressor_2.config.sglang import check_addresses, check_loopback
 from compressor_2.engines.base import Generation, GenerationRequest, Progress
 from compressor_2.engines.chat import ChatPrompt, chat_prompt, prompt_label
@@ -44,7 +45,6 @@ from compressor_2.engines.sglang_facts import (
     read_server,
 )
 from compressor_2.engines.sglang_server import SGLangServer
-from compressor_2.errors import ConfigError, RunError
 from compressor_2.steering.guarded import guarded_spec
 from compressor_2.steering.processor import custom_params, encode_cluster_map, processor_spec
 

@@ -27,13 +27,13 @@ from typing import Any
 
 import openai
 
-from compressor_2.api_key import api_key_from_env, masked, remember
-from compressor_2.chat_reply import BadReply, read_completion
+from compressor_2.common.api_key import api_key_from_env, masked, remember
+from compressor_2.common.chat_reply import BadReply, read_completion
+from compressor_2.common.endpoint import check_reachable
+from compressor_2.common.errors import RunError
+from compressor_2.common.json_values import loads_or_reason, shown
 from compressor_2.config import Config
-from compressor_2.endpoint import check_reachable
-from compressor_2.errors import RunError
 from compressor_2.judges.base import JudgeItem, Verdict
-from compressor_2.json_values import loads_or_reason, shown
 
 REASONING_MAX_CHARS = 2_000  # of a verdict's reasoning as stored, as of any other text of a reply
 CLIENT_RETRIES = 2  # the SDK's own, with its backoff, inside the call's timeout

@@ -25,11 +25,11 @@ from typing import Any
 
 import openai
 
-from compressor_2.api_key import api_key_from_env, remember
-from compressor_2.chat_reply import BadReply, read_completion
+from compressor_2.common.api_key import api_key_from_env, remember
+from compressor_2.common.chat_reply import BadReply, read_completion
+from compressor_2.common.endpoint import check_reachable
+from compressor_2.common.errors import RunError
 from compressor_2.config import Config
-from compressor_2.endpoint import check_reachable
-from compressor_2.errors import RunError
 from compressor_2.reflector import limits
 from compressor_2.reflector.base import (
     Abandoned, MergeRequest, Message, MutationRequest, Reply, SelectionRequest, Usage, VectorRequest,

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from compressor_2.archive.database import CallRecord
+from compressor_2.common.errors import ReflectorUnavailable
+from compressor_2.common.json_values import as_float, loads_or_reason, shown
 from compressor_2.deltas import clamp
-from compressor_2.errors import ReflectorUnavailable
-from compressor_2.json_values import as_float, loads_or_reason, shown
 from compressor_2.reflector import limits
 from compressor_2.reflector.base import (
     Abandoned, MergeRequest, MergeResult, MutationRequest, MutationResult, Outstanding, Proposer, Reply, Selected,

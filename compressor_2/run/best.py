@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from compressor_2.atomic import atomic_write_json
+from compressor_2.common.atomic import atomic_write_json
 from compressor_2.deltas import fingerprint_path, write_fingerprint
 from compressor_2.fitness import Evaluation
 from compressor_2.run.progress import say

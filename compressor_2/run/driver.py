@@ -33,8 +33,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from compressor_2.errors import ConfigError, ReflectorUnavailable, RunError
-from compressor_2.interrupts import signals_ignored
+from compressor_2.common.errors import ConfigError, ReflectorUnavailable, RunError
+from compressor_2.common.interrupts import signals_ignored
 from compressor_2.reflector.prompt_log import PROMPT_DIR
 from compressor_2.run.budget import BudgetReached
 from compressor_2.run.checks import standing

@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from compressor_2.atomic import atomic_write_json
-from compressor_2.errors import ConfigError
+from compressor_2.common.atomic import atomic_write_json
+from compressor_2.common.errors import ConfigError
 from compressor_2.run import fields
 from compressor_2.run.fields import FieldError
 

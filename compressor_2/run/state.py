@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
-from compressor_2.atomic import atomic_write_json
+from compressor_2.common.atomic import atomic_write_json
+from compressor_2.common.errors import ConfigError
 from compressor_2.deltas import Deltas, validate_deltas
-from compressor_2.errors import ConfigError
 from compressor_2.run import fields
 from compressor_2.run.fields import FieldError
 

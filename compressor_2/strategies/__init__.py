@@ -16,8 +16,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
+from compressor_2.common.errors import ConfigError
 from compressor_2.config.kconfig import choice_names
-from compressor_2.errors import ConfigError
 
 if TYPE_CHECKING:
     from compressor_2.config import Config

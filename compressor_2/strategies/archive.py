@@ -31,10 +31,10 @@ import numpy as np
 
 from compressor_2.archive.database import Candidate, Spot, genome_key
 from compressor_2.archive.lineage import Lineage
-from compressor_2.atomic import atomic_write_text
+from compressor_2.common.atomic import atomic_write_text
+from compressor_2.common.errors import ConfigError
 from compressor_2.config import ArchiveOptions, Config
 from compressor_2.deltas import to_list
-from compressor_2.errors import ConfigError
 from compressor_2.fitness import Evaluation, Record
 from compressor_2.reflector.base import MergeRequest, MutationRequest, VectorRequest
 from compressor_2.reflector.prompts import estimated_call_tokens

@@ -29,12 +29,12 @@ from typing import Any
 import numpy as np
 
 from compressor_2.archive.database import Candidate, Spot
-from compressor_2.atomic import atomic_write_json
+from compressor_2.common.atomic import atomic_write_json
+from compressor_2.common.errors import ConfigError
 from compressor_2.config import Config, GepaOptions
 from compressor_2.data.example import Example
 from compressor_2.data.financebench import parse_indices
 from compressor_2.deltas import to_list
-from compressor_2.errors import ConfigError
 from compressor_2.fitness import Evaluation
 from compressor_2.reflector.base import MutationRequest, VectorRequest
 from compressor_2.reflector.prompts import estimated_call_tokens

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from compressor_2.json_values import as_count, loads_or_reason, shown
+from compressor_2.common.json_values import as_count, loads_or_reason, shown
 
 MAX_TOKENS = 2**53  # every float holds a count below it exactly
 USAGE_FIELDS = ("prompt_tokens", "completion_tokens")

@@ -8,7 +8,7 @@ import os
 import stat
 from pathlib import Path
 
-from compressor_2.errors import ConfigError
+from compressor_2.common.errors import ConfigError
 
 
 def file_kind(mode: int) -> str:

@@ -9,7 +9,7 @@ import ipaddress
 import socket
 from urllib.parse import urlsplit
 
-from compressor_2.errors import ConfigError, RunError
+from compressor_2.common.errors import ConfigError, RunError
 
 CONNECT_TIMEOUT = 5.0
 TUNNEL_HINT = ("reach a server on another machine through an SSH tunnel (ssh -N -L 30001:127.0.0.1:30000 HOST, "

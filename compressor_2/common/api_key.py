@@ -11,7 +11,7 @@ import logging
 import os
 import threading
 
-from compressor_2.errors import ConfigError
+from compressor_2.common.errors import ConfigError
 
 MASK = "***"
 _KEYS: set[str] = set()

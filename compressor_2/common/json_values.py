@@ -13,7 +13,7 @@ import json
 import math
 from typing import Any
 
-from compressor_2.api_key import scrub
+from compressor_2.common.api_key import scrub
 
 SHOWN_CHARS = 60  # of a refused value in a message, unless the caller says otherwise
 

@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from compressor_2.errors import ConfigError, RunError
-from compressor_2.file_kinds import file_kind
+from compressor_2.common.errors import ConfigError, RunError
+from compressor_2.common.file_kinds import file_kind
 
 # `_temp_file`'s names: mkstemp puts 8 characters of this alphabet between prefix and suffix.
 TEMP_NAME = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")

@@ -1,0 +1,1 @@
+"""Shared utilities every wing may import, importing nothing else of the package."""
