@@ -59,8 +59,8 @@ def defconfig_run(tmp: Path) -> tuple[float, float, float, int, int, float, floa
     """(seconds inside the archive's methods, seconds opening and closing it, the run's
     wall seconds, evaluations rows, candidates, seconds drawing the run's outputs between
     steps and in all) of a shortened defconfig run."""
+    from compressor_2.commands.evolve import evolve
     from compressor_2.config import load_config
-    from compressor_2.evolve import evolve
 
     lines = [line for line in (REPO / "defconfig").read_text().splitlines()
              if not line.startswith(("CONFIG_NGEN=", "CONFIG_OUTPUT_DIR="))]

@@ -85,7 +85,7 @@ def held_out(config: Config, candidates: list[Candidate]) -> list[Evaluation]:
 def main(argv: list[str] | None = None) -> int:
     from scipy.stats import spearmanr
 
-    from compressor_2.evolve import evolve
+    from compressor_2.commands.evolve import evolve
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="run directory to write or resume (default: temporary)")

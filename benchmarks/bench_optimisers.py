@@ -77,8 +77,8 @@ def write_config(base: Path, path: Path, symbols: dict[str, str]) -> Path:
 def run_one(base: Path, heldout: Path, out: Path, strategy: str, clusters: int, seed: int, budget: int) -> dict[str, Any]:
     """One `evolve` to the budget, then its curve and the best's held-out quality."""
     from compressor_2.cli import main as cli
+    from compressor_2.commands.evolve import evolve
     from compressor_2.config import load_config
-    from compressor_2.evolve import evolve
 
     done = out / "result.json"
     if done.exists():
@@ -118,10 +118,10 @@ def anytime_curve(config: Any) -> list[tuple[int, float, dict[str, float]]]:
     where the answers exist."""
     from compressor_2.archive.database import RunArchive
     from compressor_2.clusters.build import build_clusters
+    from compressor_2.commands.evolve import answer_settings
     from compressor_2.data.financebench import examples_from_config
     from compressor_2.deltas import to_list
     from compressor_2.engines.registry import LazyEngine
-    from compressor_2.evolve import answer_settings
     from compressor_2.fitness import Evaluator, answer_context
     from compressor_2.judges.registry import make_judge
 

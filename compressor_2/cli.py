@@ -52,7 +52,7 @@ def _build_clusters_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _build_clusters(config: Config, args: argparse.Namespace) -> None:
     from compressor_2.clusters.build import build_clusters
-    from compressor_2.run_directory import check_cluster_outputs
+    from compressor_2.commands.run_directory import check_cluster_outputs
 
     check_cluster_outputs(config)
     build_clusters(config, force=args.force)
@@ -66,7 +66,7 @@ def _generate_processor_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _generate_processor(config: Config, args: argparse.Namespace) -> None:
-    from compressor_2.run_directory import check_output_file
+    from compressor_2.commands.run_directory import check_output_file
     from compressor_2.steering.generate import generate_processor
 
     check_output_file(args.out, "generate-processor --out", config, {"--deltas": args.deltas}, kind="Python module",
@@ -89,7 +89,7 @@ def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _evaluate(config: Config, args: argparse.Namespace) -> None:
-    from compressor_2.evaluate import run_evaluate
+    from compressor_2.commands.evaluate import run_evaluate
 
     if args.data is not None:
         config = dataclasses.replace(config, financebench_jsonl_path=args.data)
@@ -98,7 +98,7 @@ def _evaluate(config: Config, args: argparse.Namespace) -> None:
 
 def _evolve(config: Config, args: argparse.Namespace) -> None:
     del args
-    from compressor_2.evolve import evolve
+    from compressor_2.commands.evolve import evolve
 
     evolve(config)
 
@@ -112,7 +112,7 @@ def _show_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _show(config: Config, args: argparse.Namespace) -> None:
-    from compressor_2.show import run_show
+    from compressor_2.commands.show import run_show
 
     run_show(config, args.candidate, front=args.front)
 
@@ -135,7 +135,7 @@ def _export_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _export(config: Config, args: argparse.Namespace) -> None:
-    from compressor_2.export import run_export
+    from compressor_2.commands.export import run_export
 
     run_export(config, args.max_correctness_drop, args.candidate, args.out, force=args.force,
                confidence=args.confidence)
@@ -143,7 +143,7 @@ def _export(config: Config, args: argparse.Namespace) -> None:
 
 def _report(config: Config, args: argparse.Namespace) -> None:
     del args
-    from compressor_2.report import run_report
+    from compressor_2.commands.report import run_report
 
     run_report(config)
 

@@ -16,7 +16,7 @@ import pytest
 from compressor_2.cli import main
 from compressor_2.clusters.build import build_clusters
 from compressor_2.clusters.tokens import AnswerTokens
-from compressor_2.evolve import evolve
+from compressor_2.commands.evolve import evolve
 from compressor_2.fitness import Record
 from compressor_2.reflector.base import Reply, Usage
 from compressor_2.reflector.local import LocalProposer

@@ -125,7 +125,7 @@ def test_crossover_and_merges_of_bounded_parents_stay_bounded():
 @pytest.mark.slow
 def test_a_run_whose_reflector_proposes_huge_deltas_keeps_every_candidate_within_the_bound(
         tmp_path, shared, tiny_model_dir, monkeypatch):
-    from compressor_2.evolve import evolve
+    from compressor_2.commands.evolve import evolve
     from tests.fakes.openai_server import FakeOpenAIServer, chat_completion
     from tests.test_evolution_support import config_for, query
 

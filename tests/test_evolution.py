@@ -10,9 +10,9 @@ import networkx as nx
 import pytest
 
 from compressor_2.archive.database import RunArchive
+from compressor_2.commands.evolve import evolve
 from compressor_2.common.errors import ConfigError
 from compressor_2.deltas import load_deltas
-from compressor_2.evolve import evolve
 from tests.fakes.openai_server import FakeOpenAIServer, chat_completion
 from tests.test_evolution_support import DEFAULT_NGEN, config_for, read_json
 

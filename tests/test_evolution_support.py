@@ -73,7 +73,7 @@ def whole_and_resumed(tmp_path: Path, shared: Path, model_dir: Path, symbols: di
     """The output dirs of one run with `symbols` made at once, and of the same run made in
     two legs: first with `first_leg` overriding `symbols` (fewer steps, a smaller budget),
     then resumed with `symbols`."""
-    from compressor_2.evolve import evolve
+    from compressor_2.commands.evolve import evolve
 
     whole, split = tmp_path / "whole", tmp_path / "split"
     whole.mkdir()
@@ -91,7 +91,7 @@ def interrupted(work: Path, shared: Path, model_dir: Path, symbols: dict[str, st
     method, whether these arguments interrupt)."""
     import pytest
 
-    from compressor_2.evolve import evolve
+    from compressor_2.commands.evolve import evolve
     from compressor_2.reflector.local import LocalProposer
 
     owner, name, fires = at or (LocalProposer, "mutation", lambda _self, request, *_: request.generation == step)
@@ -111,7 +111,7 @@ def interrupted(work: Path, shared: Path, model_dir: Path, symbols: dict[str, st
 def interrupted_then_resumed(work: Path, shared: Path, model_dir: Path, symbols: dict[str, str], step: int,
                              monkeypatch, at: tuple[object, str, Callable[..., bool]] | None = None) -> None:
     """`interrupted`, then the same command rerun to its end."""
-    from compressor_2.evolve import evolve
+    from compressor_2.commands.evolve import evolve
 
     interrupted(work, shared, model_dir, symbols, step, monkeypatch, at)
     evolve(config_for(work, shared, model_dir, **symbols))
@@ -132,7 +132,7 @@ def read_json(path: Path):
 def default_run(tmp_path_factory, shared: Path, model_dir: Path) -> Path:
     """The output dir of one uninterrupted 4-generation run with GA_DEFAULTS, made once per
     session and shared by the test modules (which only read it)."""
-    from compressor_2.evolve import evolve
+    from compressor_2.commands.evolve import evolve
 
     work = tmp_path_factory.getbasetemp() / "default_run"
     if not (work / "done").exists():

@@ -35,8 +35,8 @@ from typing import Any
 import pytest
 
 from compressor_2.clusters.build import build_clusters
+from compressor_2.commands.evolve import evolve
 from compressor_2.config import load_config
-from compressor_2.evolve import evolve
 from tests.conftest import REPO
 from tests.test_evolution_support import DEFAULT_NGEN, config_for, default_run, shared_dir, write_config
 

@@ -11,10 +11,10 @@ import pytest
 
 from compressor_2.archive.database import Answer, Candidate, CheckResult, RunArchive, genome_key
 from compressor_2.cli import main
+from compressor_2.commands.evolve import evolve
 from compressor_2.common.errors import ConfigError
 from compressor_2.config import load_config
 from compressor_2.data.financebench import examples_from_config, holdout_examples
-from compressor_2.evolve import evolve
 from compressor_2.fitness import example_key
 from compressor_2.run.checks import BASELINE_ID, training_baseline
 from compressor_2.run.report import render

@@ -11,8 +11,8 @@ import random
 import pytest
 
 from compressor_2.cli import main
+from compressor_2.commands.evolve import evolve
 from compressor_2.common.errors import ConfigError
-from compressor_2.evolve import evolve
 from compressor_2.strategies.gepa_pareto import (
     EpochSampler,
     find_merge_triplet,
@@ -255,7 +255,7 @@ def test_a_kept_child_continues_its_parents_round_robin(tmp_path, shared_eight_c
     """Seed 004 (GEPA's update_state_with_new_program): a new candidate takes its parents'
     round-robin position, the highest among them, instead of starting again at cluster 0.
     The GEPA loop runs on the real services of `evolve`, with 8 clusters (ids 0..7)."""
-    import compressor_2.evolve
+    import compressor_2.commands.evolve
     from compressor_2.strategies import gepa
 
     records: list[dict] = []
@@ -270,7 +270,7 @@ def test_a_kept_child_continues_its_parents_round_robin(tmp_path, shared_eight_c
         records.append(g.reflect(1))
         return "driven"
 
-    monkeypatch.setattr(compressor_2.evolve, "drive", drive)
+    monkeypatch.setattr(compressor_2.commands.evolve, "drive", drive)
     evolve(config_for(tmp_path, shared_eight_clusters, tiny_model_dir, **GEPA, NUM_CLUSTERS="6"))
     parent, child = records
     assert parent["accepted"] and parent["change"] == "cluster 5"

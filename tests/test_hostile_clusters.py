@@ -12,7 +12,7 @@ import pytest
 
 from compressor_2.cli import main
 from compressor_2.clusters.build import build_clusters
-from compressor_2.evolve import evolve
+from compressor_2.commands.evolve import evolve
 from tests.test_evolution_support import config_for, read_json, write_config
 
 pytestmark = pytest.mark.slow

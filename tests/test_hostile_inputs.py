@@ -572,7 +572,7 @@ CASES = [
 @pytest.fixture(scope="module")
 def strategy_runs(tmp_path_factory, shared, tiny_model_dir) -> Callable[[str], Path]:
     """The finished runs of STRATEGY_RUNS, each made once, when a row first needs it."""
-    from compressor_2.evolve import evolve
+    from compressor_2.commands.evolve import evolve
     from tests.test_evolution_support import config_for
 
     made: dict[str, Path] = {}

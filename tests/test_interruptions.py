@@ -114,7 +114,7 @@ def _interrupted_leg(config: str, log: str, batch: int, first: int, second: int 
 @pytest.fixture(scope="module")
 def forkserver() -> multiprocessing.context.ForkServerContext:
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["compressor_2.cli", "compressor_2.evolve", "compressor_2.engines.registry",
+    context.set_forkserver_preload(["compressor_2.cli", "compressor_2.commands.evolve", "compressor_2.engines.registry",
                                     "compressor_2.engines.transformers_engine", "transformers", "torch",
                                     __name__])
     return context

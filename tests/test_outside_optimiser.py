@@ -13,7 +13,7 @@ import pytest
 
 import compressor_2.config.kconfig as config_module
 from compressor_2.archive.database import Spot
-from compressor_2.evolve import evolve
+from compressor_2.commands.evolve import evolve
 from compressor_2.run.budget import Cost
 from compressor_2.run.driver import Report
 from compressor_2.run.services import NewCandidate, Run

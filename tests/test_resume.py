@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from compressor_2.commands.evolve import evolve
 from compressor_2.common import interrupts
 from compressor_2.common.errors import ConfigError
 from compressor_2.config import load_config
-from compressor_2.evolve import evolve
 from compressor_2.reflector.local import LocalProposer
 from compressor_2.run.state import (
     GLOBAL_RNGS,

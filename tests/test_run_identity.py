@@ -278,7 +278,7 @@ def answers(out: Path) -> int:
 
 def test_an_interrupted_run_resumed_with_another_objective_is_refused_and_with_a_budget_raised_goes_on(
         tmp_path, shared, tiny_model_dir, monkeypatch, capsys):
-    from compressor_2.evolve import evolve
+    from compressor_2.commands.evolve import evolve
     from compressor_2.reflector.local import LocalProposer
 
     original = LocalProposer.mutation

@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from compressor_2.cli import main
+from compressor_2.commands.evolve import evolve
 from compressor_2.common.errors import ConfigError
-from compressor_2.evolve import evolve
 from tests.conftest import REPO
 from tests.fakes.openai_server import FakeOpenAIServer, chat_completion
 from tests.test_evolution_support import config_for, interrupted, query, read_json, write_config
@@ -74,7 +74,7 @@ def test_a_wall_time_budget_stops_inside_the_step_in_progress(tmp_path, shared, 
         return 3600.0 if (tmp_path / "out" / "run.sqlite").exists() and query(
             tmp_path / "out", "SELECT count(*) FROM evaluations")[0][0] else 0.0
 
-    monkeypatch.setattr("compressor_2.evolve.Budget", functools.partial(Budget, clock=clock))
+    monkeypatch.setattr("compressor_2.commands.evolve.Budget", functools.partial(Budget, clock=clock))
     evolve(config_for(tmp_path, shared, tiny_model_dir, MAX_WALL_MINUTES='"0.0001"'))
     out = capsys.readouterr().out
     assert "stopped: CONFIG_MAX_WALL_MINUTES=0.0001 reached" in last_line(out)

@@ -13,7 +13,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from compressor_2.clusters.tokens import AnswerTokens
-from compressor_2.evolve import evolve
+from compressor_2.commands.evolve import evolve
 from compressor_2.fitness import Evaluation, Record
 from compressor_2.reflector.base import PopulationMember, Reply, SelectionRequest, Usage, VectorRequest
 from compressor_2.reflector.local import VECTOR_MOVES, LocalProposer

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from compressor_2.archive.database import RunArchive, genome_key
+from compressor_2.commands.evolve import evolve
 from compressor_2.common.errors import ConfigError
-from compressor_2.evolve import evolve
 from compressor_2.run.claims import INSTRUCTED, Arm
 from compressor_2.run.confidence import compare
 from compressor_2.run.simpler import (

@@ -113,7 +113,7 @@ def test_no_function_in_strategies_or_run_exceeds_60_lines():
 
 
 def test_evolve_reads_as_its_steps():
-    [evolve] = [f for f in functions(PACKAGE / "evolve.py") if f.name == "evolve"]
+    [evolve] = [f for f in functions(PACKAGE / "commands" / "evolve.py") if f.name == "evolve"]
     assert evolve.end_lineno - evolve.lineno + 1 <= 40
     assert depth(evolve) <= 2
     assert depth(ast.parse("def f():\n    with a:\n        for x in y:\n            if x:\n                pass\n")) == 3

@@ -12,9 +12,9 @@ import types
 import pytest
 
 import compressor_2.config.kconfig as config_module
+from compressor_2.commands.evolve import evolve
 from compressor_2.config import load_config
 from compressor_2.deltas import to_dict
-from compressor_2.evolve import evolve
 from compressor_2.run.budget import Cost
 from compressor_2.run.driver import Report
 from compressor_2.run.services import NewCandidate

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from compressor_2.archive.database import ARCHIVE_FILE, CheckStore, RunArchive
+from compressor_2.commands.run_directory import check_cluster_outputs, check_output_dir
 from compressor_2.common.atomic import remove_orphans
 from compressor_2.common.errors import ConfigError
 from compressor_2.common.interrupts import signals_ignored, stop_on_first_signal
@@ -52,7 +53,6 @@ from compressor_2.run.progress import say
 from compressor_2.run.services import Run
 from compressor_2.run.simpler import instructed_examples, simpler_options
 from compressor_2.run.workers import Workers
-from compressor_2.run_directory import check_cluster_outputs, check_output_dir
 from compressor_2.strategies import Strategy, load_strategy
 
 if TYPE_CHECKING:

@@ -23,10 +23,10 @@ def run_evaluate(config: Config, deltas_path: Path | None, indices: str | None,
                  out: Path | None, force: bool = False) -> None:
     from compressor_2.clusters.build import build_clusters
     from compressor_2.clusters.clusterset import cluster_map_digest
+    from compressor_2.commands.run_directory import check_cluster_outputs, check_output_dir, check_output_file
     from compressor_2.data.financebench import examples_from_config
     from compressor_2.engines.registry import make_engine
     from compressor_2.judges.registry import make_judge
-    from compressor_2.run_directory import check_cluster_outputs, check_output_dir, check_output_file
 
     # Every input is checked before the model loads: a typo should cost seconds.
     option = "evaluate --out"

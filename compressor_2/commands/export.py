@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from compressor_2.archive.database import ARCHIVE_FILE, Candidate, RunArchive
+from compressor_2.commands.run_directory import check_output_file
 from compressor_2.common.atomic import atomic_write_json
 from compressor_2.common.errors import ConfigError
 from compressor_2.config import Config
@@ -26,7 +27,6 @@ from compressor_2.run.checks import Standing, standing
 from compressor_2.run.claims import HELDOUT, Arm, Claims
 from compressor_2.run.confidence import LEVEL, Paired, correctness_claim, tokens_claim
 from compressor_2.run.front import Point, affordable, affordable_bound, pareto_front
-from compressor_2.run_directory import check_output_file
 
 
 def run_export(config: Config, max_drop: float | None, candidate_id: int | None, out: Path | None,
