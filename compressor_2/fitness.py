@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from compressor_2.archive.database import Answer, genome_key
+from compressor_2.common.console import answers_bar
 from compressor_2.data.example import Example
 from compressor_2.engines.base import Engine, GenerationRequest, Progress
 from compressor_2.judges.base import Judge, JudgeItem
@@ -181,3 +182,10 @@ class Evaluator:
         return Evaluation(genome, records, mean_tokens, correctness, shortness,
                           fitness_value(shortness, correctness, self.lambda_shortness, self.lambda_correctness),
                           scores)
+
+
+def evaluate_with_bar(evaluator: Evaluator, genomes: Sequence[Sequence[float]], examples: Sequence[Example],
+                      label: str) -> list[Evaluation]:
+    """All `genomes` on `examples` in one engine call, with a bar."""
+    with answers_bar(len(genomes) * len(examples), label) as bar:
+        return evaluator.evaluate(genomes, bar.update, examples)

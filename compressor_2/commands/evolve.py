@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from compressor_2.archive.database import ARCHIVE_FILE, CheckStore, RunArchive
 from compressor_2.commands.run_directory import check_cluster_outputs, check_output_dir
 from compressor_2.common.atomic import remove_orphans
+from compressor_2.common.console import say
 from compressor_2.common.errors import ConfigError
 from compressor_2.common.interrupts import signals_ignored, stop_on_first_signal
 from compressor_2.config import Config
@@ -49,7 +50,6 @@ from compressor_2.run.identity import RunInputs, check_identity, check_settings,
 from compressor_2.run.lock import run_lock
 from compressor_2.run.outputs import refresh_outputs
 from compressor_2.run.plots import FRONT_PLOT
-from compressor_2.run.progress import say
 from compressor_2.run.services import Run
 from compressor_2.run.simpler import instructed_examples, simpler_options
 from compressor_2.run.workers import Workers

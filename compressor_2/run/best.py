@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from compressor_2.common.atomic import atomic_write_json
+from compressor_2.common.console import say
 from compressor_2.deltas import fingerprint_path, write_fingerprint
 from compressor_2.fitness import Evaluation
-from compressor_2.run.progress import say
 from compressor_2.run.state import Member
 
 DELTAS_BEST = "deltas_best.json"

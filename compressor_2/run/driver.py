@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from compressor_2.common.console import ordinal, plural, say
 from compressor_2.common.errors import ConfigError, ReflectorUnavailable, RunError
 from compressor_2.common.interrupts import signals_ignored
 from compressor_2.reflector.prompt_log import PROMPT_DIR
@@ -41,7 +42,6 @@ from compressor_2.run.checks import standing
 from compressor_2.run.history import HISTORY_FILE, load_history, save_history
 from compressor_2.run.idle import IdleSteps
 from compressor_2.run.outputs import Refresh, refresh_outputs
-from compressor_2.run.progress import CallWatch, ordinal, plural, say
 from compressor_2.run.services import Run, resume_command
 from compressor_2.run.state import (
     Member,
@@ -53,6 +53,7 @@ from compressor_2.run.state import (
     restore_rngs,
     save_state,
 )
+from compressor_2.run.watch import CallWatch
 
 FIRST_STEP = -1  # what a start makes is placed in the step before the first
 

@@ -23,13 +23,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from compressor_2.archive.database import RunArchive
+from compressor_2.common.console import say
 from compressor_2.common.errors import ConfigError
 from compressor_2.config import Config
 from compressor_2.data.example import Example
 from compressor_2.engines.sglang_model import served_models
 from compressor_2.fitness import example_key
 from compressor_2.model_digest import model_digest
-from compressor_2.run.progress import say
 
 IDENTITY_KEY = "identity"  # in the archive's meta table
 DIGEST_CHARS = 16

@@ -20,11 +20,10 @@ from compressor_2.clusters.tokens import AnswerTokens
 from compressor_2.config import Config
 from compressor_2.data.example import Example
 from compressor_2.deltas import Deltas
-from compressor_2.fitness import Evaluation, Evaluator
+from compressor_2.fitness import Evaluation, Evaluator, evaluate_with_bar
 from compressor_2.reflector.base import Reflector
 from compressor_2.run.best import BestEver
 from compressor_2.run.budget import Budget
-from compressor_2.run.progress import evaluate_with_bar
 from compressor_2.run.state import Member
 from compressor_2.run.workers import Workers
 

@@ -32,6 +32,7 @@ import numpy as np
 from compressor_2.archive.database import Candidate, Spot, genome_key
 from compressor_2.archive.lineage import Lineage
 from compressor_2.common.atomic import atomic_write_text
+from compressor_2.common.console import say, timed
 from compressor_2.common.errors import ConfigError
 from compressor_2.config import ArchiveOptions, Config
 from compressor_2.deltas import to_list
@@ -42,7 +43,6 @@ from compressor_2.run import fields
 from compressor_2.run.budget import Cost
 from compressor_2.run.driver import FIRST_STEP, Report, Strategy
 from compressor_2.run.fields import FieldError
-from compressor_2.run.progress import say, timed
 from compressor_2.run.services import NewCandidate, Run
 from compressor_2.run.state import StateFormat, state_json
 from compressor_2.strategies import options_of

@@ -38,6 +38,7 @@ from typing import Any
 from deap import base, tools
 
 from compressor_2.archive.database import Placement, RunArchive, Spot
+from compressor_2.common.console import answers_bar, ordinal, say
 from compressor_2.config import Config
 from compressor_2.deltas import to_dict, to_list
 from compressor_2.reflector.base import PopulationMember, Selected, SelectionRequest
@@ -47,7 +48,6 @@ from compressor_2.run.budget import Cost
 from compressor_2.run.driver import FIRST_STEP, Report
 from compressor_2.run.fields import FieldError
 from compressor_2.run.history import Work, entry, population_stats
-from compressor_2.run.progress import answers_bar, generation_line, say
 from compressor_2.run.services import NewCandidate, Run
 from compressor_2.run.state import GLOBAL_RNGS, Member, StateFormat, read_member, seed_rng, state_json
 from compressor_2.strategies.ga_individual import (
@@ -287,6 +287,15 @@ class Ga:
         final = population_stats(g + 1, self.population, self.best_so_far())
         return Report([entry(stats, work), entry(final, Work())],
                       generation_line(g, self.options.ngen, final, entry(stats, work), self.run.budget.seconds()))
+
+
+def generation_line(generation: int, ngen: int, stats: dict[str, Any], work: dict[str, Any],
+                    elapsed: float) -> str:
+    return (f"gen {ordinal(generation, ngen)}: best {stats['best_fitness']:.4f}  "
+            f"mean {stats['mean_fitness']:.4f}  tokens {stats['mean_tokens']:.1f}  "
+            f"correct {100 * stats['correctness']:.0f}%  best ever {stats['best_ever_fitness']:.4f}  "
+            f"evals {work['evaluations_run']} (+{work['cache_hits']} cached)  "
+            f"reflector {work['reflector_calls']} calls  elapsed {elapsed:.0f}s")
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ import numpy as np
 
 from compressor_2.archive.database import Candidate, Spot
 from compressor_2.common.atomic import atomic_write_json
+from compressor_2.common.console import say
 from compressor_2.common.errors import ConfigError
 from compressor_2.config import Config, GepaOptions
 from compressor_2.data.example import Example
@@ -42,7 +43,6 @@ from compressor_2.run import fields
 from compressor_2.run.budget import Cost
 from compressor_2.run.driver import Report, Strategy
 from compressor_2.run.fields import FieldError
-from compressor_2.run.progress import say
 from compressor_2.run.services import NewCandidate, Run
 from compressor_2.run.state import Member, StateFormat, candidate_ids, held_list, state_json
 from compressor_2.strategies import options_of

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from compressor_2.archive.database import Spot
+from compressor_2.common.console import plural, say
 from compressor_2.deltas import to_dict, to_list
 from compressor_2.fitness import Evaluation
 from compressor_2.run import fields
 from compressor_2.run.driver import FIRST_STEP, Report, Strategy
-from compressor_2.run.progress import plural, say
 from compressor_2.run.services import NewCandidate, Run
 from compressor_2.run.state import GLOBAL_RNGS, StateFormat, candidate_ids, held_list, seed_rng, state_json
 
