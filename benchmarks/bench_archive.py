@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO))
 
 from compressor_2.archive import database  # noqa: E402
 from compressor_2.archive.database import Answer, Candidate, Placement, RunArchive, Spot, genome_key  # noqa: E402
-from compressor_2.run import outputs  # noqa: E402
+from compressor_2.outputs import refresh as outputs  # noqa: E402
 
 NGEN = 4
 TARGET = 0.02

@@ -1,5 +1,5 @@
-"""Paired confidence (compressor_2/run/confidence.py) and the claims read from a run archive
-(compressor_2/run/claims.py): a hand-built archive whose paired verdicts are known gives the
+"""Paired confidence (compressor_2/verdict/confidence.py) and the claims read from a run archive
+(compressor_2/verdict/claims.py): a hand-built archive whose paired verdicts are known gives the
 intervals and p-values scipy gives computed directly, the same on every run."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from scipy import stats
 from compressor_2.archive.database import Answer, CheckStore, RunArchive, genome_key
 from compressor_2.data.example import Example
 from compressor_2.fitness import example_key
-from compressor_2.run.claims import HELDOUT, TRAINING, Arm, Claims, cap_context, instructed
-from compressor_2.run.confidence import (
+from compressor_2.verdict.claims import HELDOUT, TRAINING, Arm, Claims, cap_context, instructed
+from compressor_2.verdict.confidence import (
     RESAMPLES, SEED, compare, correctness_claim, does_as_well, mcnemar_exact, mean_change_interval, newcombe_paired,
     tokens_claim, verdict, wilson,
 )

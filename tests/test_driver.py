@@ -12,7 +12,7 @@ import pytest
 
 from compressor_2.archive.database import RunArchive
 from compressor_2.commands.evolve import evolve
-from compressor_2.run.outputs import FIRST_DRAWING, SHARE, Refresh
+from compressor_2.outputs.refresh import FIRST_DRAWING, SHARE, Refresh
 from tests.test_evolution_support import config_for, query, read_json
 
 pytestmark = pytest.mark.slow

@@ -16,8 +16,8 @@ from compressor_2.common.errors import ConfigError
 from compressor_2.config import load_config
 from compressor_2.data.financebench import examples_from_config, holdout_examples
 from compressor_2.fitness import example_key
-from compressor_2.run.checks import BASELINE_ID, training_baseline
-from compressor_2.run.report import render
+from compressor_2.outputs.report import render
+from compressor_2.verdict.checks import BASELINE_ID, training_baseline
 from tests.test_evolution_support import config_for, interrupted, query, read_json, write_config
 
 pytestmark = pytest.mark.slow
@@ -367,7 +367,7 @@ def test_report_on_an_interrupted_run(tmp_path, shared, tiny_model_dir, monkeypa
 
 def test_the_report_names_the_judge_that_scored_and_warns_when_the_numeric_judge_scored_prose(tmp_path):
     from compressor_2.data.example import Example
-    from compressor_2.run.report import scoring_judge, weak_gold_warning
+    from compressor_2.outputs.report import scoring_judge, weak_gold_warning
 
     archive = RunArchive.open(tmp_path / "run.sqlite")
     try:

@@ -697,8 +697,8 @@ def test_a_genome_with_an_infinite_delta_never_reaches_deltas_best(tmp_path, cap
     """Whatever drew it (a sampler's overflow, a crossover of huge deltas), Infinity would
     make deltas_best.json a file every rerun refuses."""
     from compressor_2.fitness import Evaluation
+    from compressor_2.resume.state import Member
     from compressor_2.run.best import BestEver
-    from compressor_2.run.state import Member
 
     written = []
     best = BestEver(tmp_path, lambda deltas, out: written.append(out))

@@ -124,6 +124,6 @@ def test_lazy_and_type_checking_imports_count():
     known = modules()
     tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from compressor_2.run.services import Run\n"
                      "def f():\n    from compressor_2.strategies import load_strategy\n"
-                     "    from compressor_2.run import fields\n")
+                     "    from compressor_2.resume import fields\n")
     assert imported(tree, known, "compressor_2.config.loader") == {
-        "compressor_2.run.services", "compressor_2.strategies", "compressor_2.run.fields"}
+        "compressor_2.run.services", "compressor_2.strategies", "compressor_2.resume.fields"}

@@ -14,10 +14,10 @@ import pytest
 import compressor_2.config.kconfig as config_module
 from compressor_2.archive.database import Spot
 from compressor_2.commands.evolve import evolve
+from compressor_2.resume.state import StateFormat, state_json
 from compressor_2.run.budget import Cost
 from compressor_2.run.driver import Report
 from compressor_2.run.services import NewCandidate, Run
-from compressor_2.run.state import StateFormat, state_json
 from tests.test_evolution_support import config_for, interrupted_then_resumed, query
 
 optuna = pytest.importorskip("optuna", reason="optuna (requirements-test.txt) is not installed")

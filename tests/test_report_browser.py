@@ -12,7 +12,7 @@ from compressor_2.commands.evolve import evolve
 from compressor_2.config import load_config
 from compressor_2.data.financebench import examples_from_config, holdout_examples
 from compressor_2.fitness import example_key
-from compressor_2.run.report import write_report
+from compressor_2.outputs.report import write_report
 from tests.test_evolution_support import write_config
 
 pytestmark = pytest.mark.slow

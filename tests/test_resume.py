@@ -22,7 +22,7 @@ from compressor_2.common import interrupts
 from compressor_2.common.errors import ConfigError
 from compressor_2.config import load_config
 from compressor_2.reflector.local import LocalProposer
-from compressor_2.run.state import (
+from compressor_2.resume.state import (
     GLOBAL_RNGS,
     Member,
     Saved,

@@ -5,7 +5,7 @@ kconfiglib: a config and the same config with that symbol changed. The identitie
 two are compared as a resume compares them, and the change must be refused unless
 docs/runs.md lists the symbol among those a rerun may change, and then accepted with a
 line saying what it means. A new Kconfig symbol fails the table until it has a row (and a
-place in `compressor_2/run/identity.py`'s `SETTINGS`). The end-to-end rows below run the
+place in `compressor_2/resume/identity.py`'s `SETTINGS`). The end-to-end rows below run the
 real CLI: a run interrupted, changed and resumed.
 """
 
@@ -29,7 +29,7 @@ from compressor_2.clusters.build import build_clusters
 from compressor_2.clusters.clusterset import ArtifactPaths, cluster_map_digest, read_cluster_set
 from compressor_2.config import KCONFIG_PATH, Config, load_config
 from compressor_2.data.financebench import examples_from_config
-from compressor_2.run.identity import SETTINGS, RunInputs, changes, model_identity, run_identity
+from compressor_2.resume.identity import SETTINGS, RunInputs, changes, model_identity, run_identity
 from tests.conftest import REPO
 from tests.test_evolution_support import DEFAULT_NGEN, ROWS as DATA_ROWS, config_for, read_json, write_config
 
@@ -72,7 +72,7 @@ def documented_may_change() -> frozenset[str]:
 def test_every_kconfig_symbol_is_classified_once_and_the_docs_list_what_may_change():
     symbols = kconfig_symbols()
     read = [s for setting in SETTINGS for pattern in setting.symbols for s in expand(pattern)]
-    assert sorted(set(symbols) - set(read)) == [], "classify these in compressor_2/run/identity.py SETTINGS"
+    assert sorted(set(symbols) - set(read)) == [], "classify these in compressor_2/resume/identity.py SETTINGS"
     assert sorted(set(read) - symbols) == [] and len(read) == len(set(read))
     may_change = {s for setting in SETTINGS if setting.may_change for p in setting.symbols
                   for s in expand(p)}
@@ -238,7 +238,7 @@ def test_the_table_has_a_row_for_every_kconfig_symbol(symbols_tested):
 def test_a_changed_setting_is_refused_unless_the_docs_say_it_may_change(symbol, table, shared, tiny_model_dir):
     work, all_rows = table
     if symbol not in all_rows:
-        pytest.fail(f"no row for CONFIG_{symbol}: classify it in compressor_2/run/identity.py and add a row here")
+        pytest.fail(f"no row for CONFIG_{symbol}: classify it in compressor_2/resume/identity.py and add a row here")
     base, change = all_rows[symbol]
     before = config_of(work, shared, tiny_model_dir, base)
     after = config_of(work, shared, tiny_model_dir, {**base, **change})

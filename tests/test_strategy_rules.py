@@ -17,7 +17,7 @@ from tests.conftest import REPO
 PACKAGE = REPO / "compressor_2"
 STEP_COUNTS = {"ngen", "iterations", "batches", "generations", "steps"}
 LIFE_CALLS = {"step", "stop_reason", "exhausted"}  # what a loop over steps would call
-DRAWING_MODULES = ("compressor_2.run.plots", "compressor_2.run.tree", "compressor_2.run.outputs")
+DRAWING_MODULES = ("compressor_2.outputs.plots", "compressor_2.outputs.tree", "compressor_2.outputs.refresh")
 SQL = re.compile(r"\b(SELECT|INSERT|UPDATE|DELETE|WHERE|ORDER BY|IS (NOT )?NULL)\b|\w+ IN \(|\w+ = '")
 INTERRUPT_TEXT = re.compile(r"interrupted|rerun the same command")
 COMPOUND = (ast.If, ast.For, ast.While, ast.With, ast.Try, ast.AsyncFor, ast.AsyncWith)
@@ -83,7 +83,7 @@ def test_a_strategy_module_holds_only_its_decisions(path: Path):
     "for g in range(start, config.ngen):\n    pass\n",
     "while True:\n    reason = run.stop_reason()\n",
     "for t in count():\n    s.step(t)\n",
-    "from compressor_2.run.plots import plot_fitness\n",
+    "from compressor_2.outputs.plots import plot_fitness\n",
     "tree.render(out / TREE_PLOT)\n",
     "try:\n    f()\nexcept KeyboardInterrupt:\n    raise\n",
     "print(f'interrupted: rerun the same command: {cmd}')\n",

@@ -15,10 +15,10 @@ import compressor_2.config.kconfig as config_module
 from compressor_2.commands.evolve import evolve
 from compressor_2.config import load_config
 from compressor_2.deltas import to_dict
+from compressor_2.resume.state import Member, StateFormat
 from compressor_2.run.budget import Cost
 from compressor_2.run.driver import Report
 from compressor_2.run.services import NewCandidate
-from compressor_2.run.state import Member, StateFormat
 from tests.test_evolution_support import shared_dir, write_config
 
 pytestmark = pytest.mark.slow

@@ -41,19 +41,19 @@ from compressor_2.config import Config
 from compressor_2.data.example import Example
 from compressor_2.deltas import Deltas, check_fingerprint, fingerprint_path, load_deltas
 from compressor_2.fitness import Evaluator, answer_context
+from compressor_2.outputs.plots import FRONT_PLOT
+from compressor_2.outputs.refresh import refresh_outputs
 from compressor_2.reflector.prompt_log import PROMPT_DIR
+from compressor_2.resume.identity import RunInputs, check_identity, check_settings, model_identity
+from compressor_2.resume.lock import run_lock
 from compressor_2.run.best import DELTAS_BEST, PROCESSOR_BEST, BestEver
 from compressor_2.run.budget import Budget, Limits, shortfall
-from compressor_2.run.checks import Checks
 from compressor_2.run.driver import drive
-from compressor_2.run.identity import RunInputs, check_identity, check_settings, model_identity
-from compressor_2.run.lock import run_lock
-from compressor_2.run.outputs import refresh_outputs
-from compressor_2.run.plots import FRONT_PLOT
 from compressor_2.run.services import Run
-from compressor_2.run.simpler import instructed_examples, simpler_options
 from compressor_2.run.workers import Workers
 from compressor_2.strategies import Strategy, load_strategy
+from compressor_2.verdict.checks import Checks
+from compressor_2.verdict.simpler import instructed_examples, simpler_options
 
 if TYPE_CHECKING:
     from compressor_2.clusters.clusterset import ClusterSet

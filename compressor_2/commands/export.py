@@ -23,10 +23,10 @@ from compressor_2.common.errors import ConfigError
 from compressor_2.config import Config
 from compressor_2.deltas import fingerprint_path, recorded_fingerprint, write_fingerprint
 from compressor_2.run.best import DELTAS_BEST
-from compressor_2.run.checks import Standing, standing
-from compressor_2.run.claims import HELDOUT, Arm, Claims
-from compressor_2.run.confidence import LEVEL, Paired, correctness_claim, tokens_claim
-from compressor_2.run.front import Point, affordable, affordable_bound, pareto_front
+from compressor_2.verdict.checks import Standing, standing
+from compressor_2.verdict.claims import HELDOUT, Arm, Claims
+from compressor_2.verdict.confidence import LEVEL, Paired, correctness_claim, tokens_claim
+from compressor_2.verdict.front import Point, affordable, affordable_bound, pareto_front
 
 
 def run_export(config: Config, max_drop: float | None, candidate_id: int | None, out: Path | None,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from compressor_2.archive.database import ARCHIVE_FILE, RunArchive
 from compressor_2.config import Config
-from compressor_2.run.report import write_report
+from compressor_2.outputs.report import write_report
 
 
 def run_report(config: Config) -> None:

@@ -25,12 +25,12 @@ from compressor_2.common.errors import ConfigError
 from compressor_2.common.json_values import as_float, shown
 from compressor_2.config import Config
 from compressor_2.fitness import example_key
-from compressor_2.run.checks import BASELINE_ID, Standing, standing
-from compressor_2.run.claims import HELDOUT, TRAINING, Arm, Claims
-from compressor_2.run.confidence import ci, correctness_claim, does_as_well, points_claim, tokens_change
-from compressor_2.run.report import status
-from compressor_2.run.simpler import read_record, tool_rows
+from compressor_2.outputs.report import status
 from compressor_2.strategies.archive import VIABILITY_META
+from compressor_2.verdict.checks import BASELINE_ID, Standing, standing
+from compressor_2.verdict.claims import HELDOUT, TRAINING, Arm, Claims
+from compressor_2.verdict.confidence import ci, correctness_claim, does_as_well, points_claim, tokens_change
+from compressor_2.verdict.simpler import read_record, tool_rows
 
 ANSWER_WIDTH = 100
 SHOWN = 20  # archive members and feedback entries listed in the summary

@@ -15,7 +15,7 @@ from compressor_2.common.atomic import atomic_write_json
 from compressor_2.common.console import say
 from compressor_2.deltas import fingerprint_path, write_fingerprint
 from compressor_2.fitness import Evaluation
-from compressor_2.run.state import Member
+from compressor_2.resume.state import Member
 
 DELTAS_BEST = "deltas_best.json"
 PROCESSOR_BEST = "processor_best.py"

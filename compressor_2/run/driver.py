@@ -36,14 +36,10 @@ from typing import Any, Protocol
 from compressor_2.common.console import ordinal, plural, say
 from compressor_2.common.errors import ConfigError, ReflectorUnavailable, RunError
 from compressor_2.common.interrupts import signals_ignored
+from compressor_2.outputs.refresh import Refresh, refresh_outputs
 from compressor_2.reflector.prompt_log import PROMPT_DIR
-from compressor_2.run.budget import BudgetReached
-from compressor_2.run.checks import standing
-from compressor_2.run.history import HISTORY_FILE, load_history, save_history
-from compressor_2.run.idle import IdleSteps
-from compressor_2.run.outputs import Refresh, refresh_outputs
-from compressor_2.run.services import Run, resume_command
-from compressor_2.run.state import (
+from compressor_2.resume.history import HISTORY_FILE, load_history, save_history
+from compressor_2.resume.state import (
     Member,
     Saved,
     StateFormat,
@@ -53,7 +49,11 @@ from compressor_2.run.state import (
     restore_rngs,
     save_state,
 )
+from compressor_2.run.budget import BudgetReached
+from compressor_2.run.idle import IdleSteps
+from compressor_2.run.services import Run, resume_command
 from compressor_2.run.watch import CallWatch
+from compressor_2.verdict.checks import standing
 
 FIRST_STEP = -1  # what a start makes is placed in the step before the first
 

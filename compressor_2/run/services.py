@@ -22,9 +22,9 @@ from compressor_2.data.example import Example
 from compressor_2.deltas import Deltas
 from compressor_2.fitness import Evaluation, Evaluator, evaluate_with_bar
 from compressor_2.reflector.base import Reflector
+from compressor_2.resume.state import Member
 from compressor_2.run.best import BestEver
 from compressor_2.run.budget import Budget
-from compressor_2.run.state import Member
 from compressor_2.run.workers import Workers
 
 

@@ -39,12 +39,12 @@ from compressor_2.deltas import to_list
 from compressor_2.fitness import Evaluation, Record
 from compressor_2.reflector.base import MergeRequest, MutationRequest, VectorRequest
 from compressor_2.reflector.prompts import estimated_call_tokens
-from compressor_2.run import fields
+from compressor_2.resume import fields
+from compressor_2.resume.fields import FieldError
+from compressor_2.resume.state import StateFormat, state_json
 from compressor_2.run.budget import Cost
 from compressor_2.run.driver import FIRST_STEP, Report, Strategy
-from compressor_2.run.fields import FieldError
 from compressor_2.run.services import NewCandidate, Run
-from compressor_2.run.state import StateFormat, state_json
 from compressor_2.strategies import options_of
 from compressor_2.strategies.archive_ops import (
     Issue,

@@ -19,9 +19,9 @@ from deap import cma
 
 from compressor_2.config import CmaesOptions, Config
 from compressor_2.deltas import clamp_rows, to_list
-from compressor_2.run import fields
+from compressor_2.resume import fields
+from compressor_2.resume.fields import FieldError
 from compressor_2.run.budget import Cost
-from compressor_2.run.fields import FieldError
 from compressor_2.run.services import Run
 from compressor_2.strategies import options_of
 from compressor_2.strategies.ga_individual import new_individual

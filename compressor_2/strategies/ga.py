@@ -43,13 +43,13 @@ from compressor_2.config import Config
 from compressor_2.deltas import to_dict, to_list
 from compressor_2.reflector.base import PopulationMember, Selected, SelectionRequest
 from compressor_2.reflector.prompts import estimated_call_tokens
-from compressor_2.run import fields
+from compressor_2.resume import fields
+from compressor_2.resume.fields import FieldError
+from compressor_2.resume.history import Work, entry, population_stats
+from compressor_2.resume.state import GLOBAL_RNGS, Member, StateFormat, read_member, seed_rng, state_json
 from compressor_2.run.budget import Cost
 from compressor_2.run.driver import FIRST_STEP, Report
-from compressor_2.run.fields import FieldError
-from compressor_2.run.history import Work, entry, population_stats
 from compressor_2.run.services import NewCandidate, Run
-from compressor_2.run.state import GLOBAL_RNGS, Member, StateFormat, read_member, seed_rng, state_json
 from compressor_2.strategies.ga_individual import (
     Individual,
     initial_population,

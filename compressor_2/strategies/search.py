@@ -24,10 +24,10 @@ from compressor_2.archive.database import Spot
 from compressor_2.common.console import plural, say
 from compressor_2.deltas import to_dict, to_list
 from compressor_2.fitness import Evaluation
-from compressor_2.run import fields
+from compressor_2.resume import fields
+from compressor_2.resume.state import GLOBAL_RNGS, StateFormat, candidate_ids, held_list, seed_rng, state_json
 from compressor_2.run.driver import FIRST_STEP, Report, Strategy
 from compressor_2.run.services import NewCandidate, Run
-from compressor_2.run.state import GLOBAL_RNGS, StateFormat, candidate_ids, held_list, seed_rng, state_json
 
 if TYPE_CHECKING:
     from compressor_2.archive.database import RunArchive

@@ -36,8 +36,8 @@ from compressor_2.config import Config
 from compressor_2.data.example import Example
 from compressor_2.fitness import Evaluator, evaluate_with_bar, example_key
 from compressor_2.judges.base import JudgeItem
-from compressor_2.run.claims import HELDOUT, TRAINING, Arm, Claims, cap_context, instructed
-from compressor_2.run.confidence import Paired, ci, does_as_well
+from compressor_2.verdict.claims import HELDOUT, TRAINING, Arm, Claims, cap_context, instructed
+from compressor_2.verdict.confidence import Paired, ci, does_as_well
 
 TOOLS_META = "simpler_tools"
 EOS_GRID = (0.5, 1.0, 2.0, 3.0, 4.0, 6.0)  # EOS deltas tried at once; 0 is the baseline

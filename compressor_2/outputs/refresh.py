@@ -18,8 +18,7 @@ from typing import Any
 
 from compressor_2.archive.database import RunArchive
 from compressor_2.data.example import Example
-from compressor_2.run.checks import standing
-from compressor_2.run.plots import (
+from compressor_2.outputs.plots import (
     FITNESS_PLOT,
     FRONT_PLOT,
     LENGTHS_PLOT,
@@ -28,8 +27,9 @@ from compressor_2.run.plots import (
     plot_front,
     plot_lengths,
 )
-from compressor_2.run.report import write_report
-from compressor_2.run.tree import TREE_FILE, TREE_PLOT, EvolutionTree
+from compressor_2.outputs.report import write_report
+from compressor_2.outputs.tree import TREE_FILE, TREE_PLOT, EvolutionTree
+from compressor_2.verdict.checks import standing
 
 SHARE = 0.01  # of a run's wall time, at most, spent drawing between steps
 FIRST_DRAWING = 1.0  # seconds: a small run's drawing, until one is measured

@@ -17,8 +17,8 @@ from typing import Any
 
 from compressor_2.common.atomic import atomic_write_json
 from compressor_2.common.errors import ConfigError
-from compressor_2.run import fields
-from compressor_2.run.fields import FieldError
+from compressor_2.resume import fields
+from compressor_2.resume.fields import FieldError
 
 HISTORY_FILE = "history.json"
 PLOTTED = ("best_fitness", "mean_fitness", "best_ever_fitness", "mean_tokens", "best_mean_tokens")

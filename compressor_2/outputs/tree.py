@@ -26,7 +26,7 @@ from matplotlib.lines import Line2D
 
 from compressor_2.archive.database import RunArchive
 from compressor_2.common.atomic import atomic_write_json
-from compressor_2.run.plots import plt, save_figure
+from compressor_2.outputs.plots import plt, save_figure
 
 TREE_FILE = "tree.json"
 TREE_PLOT = "evolution_tree.png"

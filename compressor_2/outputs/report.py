@@ -24,14 +24,14 @@ from compressor_2.common.atomic import atomic_write_text
 from compressor_2.data.example import Example
 from compressor_2.fitness import example_key
 from compressor_2.judges.numeric import gold_kind
-from compressor_2.run.checks import BASELINE_ID, Standing, standing
-from compressor_2.run.claims import HELDOUT, TRAINING, Arm, Claims
-from compressor_2.run.confidence import ci, does_as_well, p_text, verdict
-from compressor_2.run.identity import IDENTITY_KEY
-from compressor_2.run.plots import FITNESS_PLOT, FRONT_PLOT, LENGTHS_PLOT
-from compressor_2.run.simpler import read_record, tool_rows
-from compressor_2.run.simpler import verdict as simpler_verdict
-from compressor_2.run.tree import TREE_PLOT
+from compressor_2.outputs.plots import FITNESS_PLOT, FRONT_PLOT, LENGTHS_PLOT
+from compressor_2.outputs.tree import TREE_PLOT
+from compressor_2.resume.identity import IDENTITY_KEY
+from compressor_2.verdict.checks import BASELINE_ID, Standing, standing
+from compressor_2.verdict.claims import HELDOUT, TRAINING, Arm, Claims
+from compressor_2.verdict.confidence import ci, does_as_well, p_text, verdict
+from compressor_2.verdict.simpler import read_record, tool_rows
+from compressor_2.verdict.simpler import verdict as simpler_verdict
 
 REPORT_FILE = "report.html"
 TEMPLATE = "report.html.j2"

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from compressor_2.archive.database import Candidate, CheckResult, RunArchive, genome_key
 from compressor_2.data.example import Example
 from compressor_2.fitness import Evaluation, Evaluator, evaluate_with_bar
-from compressor_2.run.claims import HELDOUT, TRAINING, Arm, Claims
-from compressor_2.run.confidence import Paired, correctness_claim, tokens_claim
-from compressor_2.run.front import Point, pareto_front
-from compressor_2.run.simpler import Simpler, Tools, read_record, simpler_line
+from compressor_2.verdict.claims import HELDOUT, TRAINING, Arm, Claims
+from compressor_2.verdict.confidence import Paired, correctness_claim, tokens_claim
+from compressor_2.verdict.front import Point, pareto_front
+from compressor_2.verdict.simpler import Simpler, Tools, read_record, simpler_line
 BASELINE_ID = 0  # the baseline's Point id when no candidate is the all-zero genome
 
 

@@ -1,7 +1,7 @@
 """The run's claims with their confidence: two ways of answering (an arm: a genome, that
 genome's answers cut at a token cap, or the genome with an instruction added to every
 prompt) on the same questions of a split, their answers read from the archive (the
-search's and the checks') and paired per question (compressor_2/run/confidence.py).
+search's and the checks') and paired per question (compressor_2/verdict/confidence.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from compressor_2.archive.database import Answer, CheckStore, RunArchive
 from compressor_2.config import Config
 from compressor_2.data.example import Example
 from compressor_2.fitness import example_key
-from compressor_2.run.confidence import LEVEL, Paired, compare, identical
+from compressor_2.verdict.confidence import LEVEL, Paired, compare, identical
 
 TRAINING, HELDOUT = "training", "heldout"
 INSTRUCTED = "+instruction"  # an instructed example's id: the example's and this

@@ -33,8 +33,8 @@ import numpy as np
 from compressor_2.common.atomic import atomic_write_json
 from compressor_2.common.errors import ConfigError
 from compressor_2.deltas import Deltas, validate_deltas
-from compressor_2.run import fields
-from compressor_2.run.fields import FieldError
+from compressor_2.resume import fields
+from compressor_2.resume.fields import FieldError
 
 if TYPE_CHECKING:
     from compressor_2.archive.database import RunArchive
