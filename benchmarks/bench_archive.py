@@ -45,8 +45,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from compressor_2.archive import database  # noqa: E402
-from compressor_2.archive.database import Answer, Candidate, Placement, RunArchive, Spot, genome_key  # noqa: E402
+from compressor_2.archive import ARCHIVE_FILE, Answer, Candidate, Placement, RunArchive, Spot, genome_key  # noqa: E402
 from compressor_2.outputs import refresh as outputs  # noqa: E402
 
 NGEN = 4
@@ -98,17 +97,17 @@ def defconfig_run(tmp: Path) -> tuple[float, float, float, int, int, float, floa
                 drawing[slot] += time.perf_counter() - started
         return run
 
-    database.RunArchive.open = classmethod(keep)  # type: ignore[method-assign, assignment]
+    RunArchive.open = classmethod(keep)  # type: ignore[method-assign, assignment]
     outputs.Refresh.draw, outputs.Refresh.after_step = timed(draw, 1), timed(after_step, 0)  # type: ignore
     try:
         started = time.perf_counter()
         evolve(load_config(config_path))
         wall = time.perf_counter() - started
     finally:
-        database.RunArchive.open = classmethod(original)  # type: ignore[method-assign, assignment]
+        RunArchive.open = classmethod(original)  # type: ignore[method-assign, assignment]
         outputs.Refresh.draw, outputs.Refresh.after_step = draw, after_step  # type: ignore[method-assign]
     assert len(opened) == 1, f"expected one archive, the run opened {len(opened)}"
-    check = RunArchive.open_read_only(tmp / "run" / database.ARCHIVE_FILE)
+    check = RunArchive.open_read_only(tmp / "run" / ARCHIVE_FILE)
     rows, candidates = check.metric_calls(), len(check.candidates())
     check.close()
     return opened[0].seconds, open_close[0], wall, rows, candidates, drawing[0], drawing[1]

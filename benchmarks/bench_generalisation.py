@@ -32,7 +32,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from compressor_2.archive.database import Candidate, RunArchive, genome_key  # noqa: E402
+from compressor_2.archive import Candidate, RunArchive, genome_key  # noqa: E402
 from compressor_2.config import Config, load_config  # noqa: E402
 from compressor_2.fitness import Evaluation  # noqa: E402
 

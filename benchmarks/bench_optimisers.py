@@ -116,7 +116,7 @@ def anytime_curve(config: Any) -> list[tuple[int, float, dict[str, float]]]:
     is the strategy's own best so far (GEPA's by valset score); its training fitness is
     its fitness on the whole pool, which GEPA's incumbents get here, from the cache
     where the answers exist."""
-    from compressor_2.archive.database import RunArchive
+    from compressor_2.archive import RunArchive
     from compressor_2.clusters.build import build_clusters
     from compressor_2.commands.evolve import answer_settings
     from compressor_2.data.financebench import examples_from_config
@@ -152,7 +152,7 @@ def anytime_curve(config: Any) -> list[tuple[int, float, dict[str, float]]]:
 def reflector_tokens_and_wall(config: Any) -> dict[str, float]:
     """The run's reflector tokens and its wall time summed over its sessions (a resumed
     run's included), from its archive."""
-    from compressor_2.archive.database import RunArchive
+    from compressor_2.archive import RunArchive
 
     archive = RunArchive.open_read_only(config.output_dir / "run.sqlite")
     try:

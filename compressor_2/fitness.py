@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from compressor_2.archive.database import Answer, genome_key
+from compressor_2.archive import Answer, genome_key
 from compressor_2.common.console import answers_bar
 from compressor_2.data.example import Example
 from compressor_2.engines.base import Engine, GenerationRequest, Progress

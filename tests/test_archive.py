@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from compressor_2.archive.database import Answer, CallRecord, Candidate, Placement, RunArchive, Spot, genome_key
+from compressor_2.archive import Answer, CallRecord, Candidate, Placement, RunArchive, Spot, genome_key
 from compressor_2.common.errors import ConfigError, RunError
 from compressor_2.strategies import load_strategy
 

@@ -215,7 +215,7 @@ def test_only_viable_candidates_become_parents(tmp_path, shared, tiny_model_dir,
     viability is about: the seed is recorded 100% correct, and a member far fitter than
     any other but 50% correct joins it. The quality sigmoid would draw that member nearly
     every time; as it is not viable, it is never a parent nor a crossover partner."""
-    from compressor_2.archive.database import Candidate
+    from compressor_2.archive import Candidate
     from compressor_2.strategies import archive as strategy
 
     original = strategy.Archive.seed
@@ -223,7 +223,7 @@ def test_only_viable_candidates_become_parents(tmp_path, shared, tiny_model_dir,
 
     def seed_and_plant(self) -> None:
         original(self)
-        [seed] = self.run.archive.candidates("operator = 'initial'")
+        [seed] = self.run.archive.initial()
         self.run.archive.assess(seed.id, seed.fitness, seed.mean_tokens, 1.0)
         [fit] = self.run.archive.add([Candidate({**seed.deltas, "0": 3.0}, "", "mutation", (seed.id,), "archive", 0,
                                                 fitness=0.99, mean_tokens=1.0, correctness=0.5)])

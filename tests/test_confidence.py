@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from compressor_2.archive.database import Answer, CheckStore, RunArchive, genome_key
+from compressor_2.archive import Answer, CheckStore, RunArchive, genome_key
 from compressor_2.data.example import Example
 from compressor_2.fitness import example_key
 from compressor_2.verdict.claims import HELDOUT, TRAINING, Arm, Claims, cap_context, instructed
@@ -98,7 +98,7 @@ BEST_HELD = [(9 + i % 3, i not in (0, 1, 2, 29)) for i in range(30)]
 def store(archive: RunArchive, genome: str, examples: list[Example], outcomes: list[tuple[int, bool]],
           table: str = "check_answers") -> None:
     answers = {(genome, example_key(ex)): Answer(f"answer {t}", t, c, "") for ex, (t, c) in zip(examples, outcomes)}
-    archive.store(answers, CONTEXT, 0, table=table)
+    getattr(archive, table).store(answers, CONTEXT, 0)
 
 
 @pytest.fixture
@@ -137,8 +137,8 @@ def test_an_arm_against_itself_claims_no_difference_and_no_doubt(hand_built):
 
 
 def test_a_cap_arm_is_the_answers_within_it_and_the_cut_ones_beyond(hand_built):
-    hand_built.store({(ZEROS, example_key(ex)): Answer("cut", 32, False, "") for ex in HELD},
-                     cap_context(CONTEXT, 32), 0, table="check_answers")
+    hand_built.check_answers.store({(ZEROS, example_key(ex)): Answer("cut", 32, False, "") for ex in HELD},
+                                   cap_context(CONTEXT, 32), 0)
     outcomes = Claims(hand_built, POOL, HELD).outcomes(Arm(ZEROS, cap=32), HELDOUT)
     # Baseline answers of 30..34 tokens: those of 33 and 34 were cut, the others stand.
     assert [a.answer for a in outcomes] == ["cut" if t > 32 else f"answer {t}" for t, _ in BASELINE_HELD]

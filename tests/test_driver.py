@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from compressor_2.archive.database import RunArchive
+from compressor_2.archive import RunArchive
 from compressor_2.commands.evolve import evolve
 from compressor_2.outputs.refresh import FIRST_DRAWING, SHARE, Refresh
 from tests.test_evolution_support import config_for, query, read_json

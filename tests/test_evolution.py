@@ -9,7 +9,7 @@ from pathlib import Path
 import networkx as nx
 import pytest
 
-from compressor_2.archive.database import RunArchive
+from compressor_2.archive import RunArchive
 from compressor_2.commands.evolve import evolve
 from compressor_2.common.errors import ConfigError
 from compressor_2.deltas import load_deltas

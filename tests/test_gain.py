@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from compressor_2.archive.database import Answer, Candidate, CheckResult, RunArchive, genome_key
+from compressor_2.archive import Answer, Candidate, CheckResult, RunArchive, genome_key
 from compressor_2.cli import main
 from compressor_2.commands.evolve import evolve
 from compressor_2.common.errors import ConfigError
@@ -223,8 +223,8 @@ def held_out_answers(out: Path, config_path: Path, ids: list[str], lost: dict[in
         for cid in (1, *lost):
             genome = genome_key(list(archive.candidate(cid).deltas.values()))
             wrong, tokens = lost.get(cid, 0), 30 - 2 * (cid - 1)
-            archive.store({(genome, example_key(ex)): Answer("$5", tokens, i >= wrong, "")
-                           for i, ex in enumerate(questions)}, "ctx", 0, table="check_answers")
+            archive.check_answers.store({(genome, example_key(ex)): Answer("$5", tokens, i >= wrong, "")
+                                         for i, ex in enumerate(questions)}, "ctx", 0)
             results.append(CheckResult("heldout", genome, HELD_OUT, tokens, 1 - wrong / HELD_OUT, 0.5))
         archive.record_checks("heldout", results)
     finally:

@@ -219,7 +219,7 @@ def test_gepa_needs_a_metric_call_budget(tmp_path, shared, tiny_model_dir):
 
 
 def test_the_tree_marks_a_merges_ancestor(tmp_path):
-    from compressor_2.archive.database import Candidate, Placement, RunArchive, Spot
+    from compressor_2.archive import Candidate, Placement, RunArchive, Spot
     from compressor_2.outputs.tree import EvolutionTree
 
     archive = RunArchive.open(tmp_path / "run.sqlite")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pytest
 
 import compressor_2.config.kconfig as config_module
-from compressor_2.archive.database import Spot
+from compressor_2.archive import Spot
 from compressor_2.commands.evolve import evolve
 from compressor_2.resume.state import StateFormat, state_json
 from compressor_2.run.budget import Cost

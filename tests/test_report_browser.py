@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from compressor_2.archive.database import Answer, RunArchive, genome_key
+from compressor_2.archive import Answer, RunArchive, genome_key
 from compressor_2.commands.evolve import evolve
 from compressor_2.config import load_config
 from compressor_2.data.financebench import examples_from_config, holdout_examples

@@ -241,7 +241,7 @@ def test_a_best_found_in_the_interrupted_generation_leaves_the_history_as_uninte
     """Ctrl+C in generation 0 right after its mutated children found a new best: the saved
     best is that one, yet the replayed history must say what the uninterrupted run's said
     (the best so far at each point), counters aside."""
-    from compressor_2.archive.database import RunArchive
+    from compressor_2.archive import RunArchive
 
     original = RunArchive.admit
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from compressor_2.archive.database import RunArchive, genome_key
+from compressor_2.archive import RunArchive, genome_key
 from compressor_2.commands.evolve import evolve
 from compressor_2.common.errors import ConfigError
 from compressor_2.verdict.claims import INSTRUCTED, Arm

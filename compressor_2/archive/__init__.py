@@ -1,2 +1,18 @@
-"""The run archive: every candidate a run made, its lineage and its per-example results,
-in one SQLite file in the run directory (`run.sqlite`)."""
+"""The run archive, run.sqlite: `RunArchive`, its typed rows, the checks' `CheckStore` and `genome_key`."""
+
+from compressor_2.archive.database import CheckStore, RunArchive
+from compressor_2.archive.lineage import Lineage
+from compressor_2.archive.rows import (
+    SEED_STEP,
+    Answer,
+    CallRecord,
+    Candidate,
+    CheckResult,
+    Placement,
+    Spot,
+    genome_key,
+)
+from compressor_2.archive.schema import ARCHIVE_FILE
+
+__all__ = ["ARCHIVE_FILE", "SEED_STEP", "Answer", "CallRecord", "Candidate", "CheckResult", "CheckStore", "Lineage",
+           "Placement", "RunArchive", "Spot", "genome_key"]

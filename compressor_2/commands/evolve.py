@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from compressor_2.archive.database import ARCHIVE_FILE, CheckStore, RunArchive
+from compressor_2.archive import ARCHIVE_FILE, CheckStore, RunArchive
 from compressor_2.commands.run_directory import check_cluster_outputs, check_output_dir
 from compressor_2.common.atomic import remove_orphans
 from compressor_2.common.console import say

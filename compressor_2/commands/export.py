@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from compressor_2.archive.database import ARCHIVE_FILE, Candidate, RunArchive
+from compressor_2.archive import ARCHIVE_FILE, Candidate, RunArchive
 from compressor_2.commands.run_directory import check_output_file
 from compressor_2.common.atomic import atomic_write_json
 from compressor_2.common.errors import ConfigError

@@ -4,7 +4,7 @@ running). `evolve` refreshes the same page at the end of every step."""
 
 from __future__ import annotations
 
-from compressor_2.archive.database import ARCHIVE_FILE, RunArchive
+from compressor_2.archive import ARCHIVE_FILE, RunArchive
 from compressor_2.config import Config
 from compressor_2.outputs.report import write_report
 

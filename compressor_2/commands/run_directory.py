@@ -11,7 +11,7 @@ import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from compressor_2.archive.database import ARCHIVE_FILE
+from compressor_2.archive import ARCHIVE_FILE
 from compressor_2.clusters.clusterset import ArtifactPaths
 from compressor_2.clusters.written import LEDGER_FILE, why_not_writable, written_here
 from compressor_2.common.atomic import why_unwritable

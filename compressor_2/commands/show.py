@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from compressor_2.archive.database import ARCHIVE_FILE, Answer, Candidate, CheckResult, CheckStore, RunArchive, genome_key
+from compressor_2.archive import ARCHIVE_FILE, Answer, Candidate, CheckResult, CheckStore, RunArchive, genome_key
 from compressor_2.common.errors import ConfigError
 from compressor_2.common.json_values import as_float, shown
 from compressor_2.config import Config
@@ -248,7 +248,7 @@ def answers_side_by_side(config: Config, archive: RunArchive, candidate: Candida
     baseline = CheckStore(archive).answers_for(zeros, context)
     label = "unsteered"
     if not baseline:
-        initial = next(iter(archive.candidates("operator = 'initial'")), None)
+        initial = next(iter(archive.initial()), None)
         if initial is not None:
             baseline = archive.answers_for(genome_key(list(initial.deltas.values())), context)
             label = "initial"

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from compressor_2.archive.database import RunArchive
+from compressor_2.archive import RunArchive
 from compressor_2.data.example import Example
 from compressor_2.outputs.plots import (
     FITNESS_PLOT,

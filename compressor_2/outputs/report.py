@@ -19,7 +19,7 @@ from pathlib import Path
 
 import jinja2
 
-from compressor_2.archive.database import Answer, Candidate, RunArchive
+from compressor_2.archive import Answer, Candidate, RunArchive
 from compressor_2.common.atomic import atomic_write_text
 from compressor_2.data.example import Example
 from compressor_2.fitness import example_key

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from compressor_2.archive.database import CallRecord
+from compressor_2.archive import CallRecord
 from compressor_2.clusters.tokens import AnswerTokens
 from compressor_2.reflector.base import Proposer
 from compressor_2.reflector.prompt_log import PROMPT_DIR, PromptLog

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from compressor_2.archive.database import CallRecord
+from compressor_2.archive import CallRecord
 from compressor_2.common.errors import ReflectorUnavailable
 from compressor_2.common.json_values import as_float, loads_or_reason, shown
 from compressor_2.deltas import clamp

@@ -22,7 +22,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from compressor_2.archive.database import RunArchive
+from compressor_2.archive import RunArchive
 from compressor_2.common.console import say
 from compressor_2.common.errors import ConfigError
 from compressor_2.config import Config

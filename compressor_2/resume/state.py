@@ -37,7 +37,7 @@ from compressor_2.resume import fields
 from compressor_2.resume.fields import FieldError
 
 if TYPE_CHECKING:
-    from compressor_2.archive.database import RunArchive
+    from compressor_2.archive import RunArchive
 
 S = TypeVar("S")
 FRESH_START_HINT = "move it away (or choose another CONFIG_OUTPUT_DIR) to start a fresh run"

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from compressor_2.archive.database import RunArchive
+from compressor_2.archive import RunArchive
 from compressor_2.config import Config
 
 

@@ -15,7 +15,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
-from compressor_2.archive.database import Candidate, Placement, RunArchive, Spot
+from compressor_2.archive import Candidate, Placement, RunArchive, Spot
 from compressor_2.clusters.tokens import AnswerTokens
 from compressor_2.config import Config
 from compressor_2.data.example import Example

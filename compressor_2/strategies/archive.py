@@ -29,8 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from compressor_2.archive.database import Candidate, Spot, genome_key
-from compressor_2.archive.lineage import Lineage
+from compressor_2.archive import Candidate, Lineage, Spot, genome_key
 from compressor_2.common.atomic import atomic_write_text
 from compressor_2.common.console import say, timed
 from compressor_2.common.errors import ConfigError

@@ -37,7 +37,7 @@ from typing import Any
 
 from deap import base, tools
 
-from compressor_2.archive.database import Placement, RunArchive, Spot
+from compressor_2.archive import Placement, RunArchive, Spot
 from compressor_2.common.console import answers_bar, ordinal, say
 from compressor_2.config import Config
 from compressor_2.deltas import to_dict, to_list

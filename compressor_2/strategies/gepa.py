@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from compressor_2.archive.database import Candidate, Spot
+from compressor_2.archive import Candidate, Spot
 from compressor_2.common.atomic import atomic_write_json
 from compressor_2.common.console import say
 from compressor_2.common.errors import ConfigError

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from compressor_2.archive.database import Spot
+from compressor_2.archive import Spot
 from compressor_2.common.console import plural, say
 from compressor_2.deltas import to_dict, to_list
 from compressor_2.fitness import Evaluation
@@ -30,7 +30,7 @@ from compressor_2.run.driver import FIRST_STEP, Report, Strategy
 from compressor_2.run.services import NewCandidate, Run
 
 if TYPE_CHECKING:
-    from compressor_2.archive.database import RunArchive
+    from compressor_2.archive import RunArchive
 
 
 class Sampler(Protocol):

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from compressor_2.archive.database import Candidate, CheckResult, RunArchive, genome_key
+from compressor_2.archive import Candidate, CheckResult, RunArchive, genome_key
 from compressor_2.data.example import Example
 from compressor_2.fitness import Evaluation, Evaluator, evaluate_with_bar
 from compressor_2.verdict.claims import HELDOUT, TRAINING, Arm, Claims

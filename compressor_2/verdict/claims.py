@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from compressor_2.archive.database import Answer, CheckStore, RunArchive
+from compressor_2.archive import Answer, CheckStore, RunArchive
 from compressor_2.config import Config
 from compressor_2.data.example import Example
 from compressor_2.fitness import example_key

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from scipy.optimize import minimize_scalar
 
-from compressor_2.archive.database import Answer, CheckStore, RunArchive, genome_key
+from compressor_2.archive import Answer, CheckStore, RunArchive, genome_key
 from compressor_2.clusters.tokens import AnswerTokens
 from compressor_2.common.errors import ConfigError
 from compressor_2.common.json_values import as_float
