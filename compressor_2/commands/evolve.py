@@ -51,7 +51,7 @@ from compressor_2.run.budget import Budget, Limits, shortfall
 from compressor_2.run.driver import drive
 from compressor_2.run.services import Run
 from compressor_2.run.workers import Workers
-from compressor_2.strategies import Strategy, load_strategy
+from compressor_2.strategies import Plugin, load_strategy
 from compressor_2.verdict.checks import Checks
 from compressor_2.verdict.simpler import instructed_examples, simpler_options
 
@@ -115,7 +115,7 @@ def preflight(config: Config) -> Iterator[Inputs]:
 
 
 @contextlib.contextmanager
-def open_run(config: Config, inputs: Inputs, strategy: Strategy) -> Iterator[tuple[Run, Checks]]:
+def open_run(config: Config, inputs: Inputs, strategy: Plugin) -> Iterator[tuple[Run, Checks]]:
     """The run's services, and the checks beside them; on the way out, whatever the exit,
     the reflector's calls are abandoned, the thread pools stopped, the engine and the
     archive closed. Inside, the first Ctrl+C or SIGTERM stops the run, the later ones are
@@ -147,7 +147,7 @@ def open_run(config: Config, inputs: Inputs, strategy: Strategy) -> Iterator[tup
 
 
 def services(config: Config, inputs: Inputs, archive: RunArchive, reflector: Reflector, engine: LazyEngine,
-             tokens: AnswerTokens, workers: Workers, strategy: Strategy) -> tuple[Run, Checks]:
+             tokens: AnswerTokens, workers: Workers, strategy: Plugin) -> tuple[Run, Checks]:
     """The run's services over the opened archive, reflector and engine, and its checks."""
     from compressor_2.judges.registry import make_judge
     from compressor_2.steering.generate import write_processor

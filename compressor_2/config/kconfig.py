@@ -68,6 +68,19 @@ def _choice_names(kconfig: Path, prefix: str) -> tuple[str, ...]:
     return tuple(sym.name.removeprefix(prefix).lower() for sym in choice.syms)
 
 
+def menu_depends_on(name: str) -> bool:
+    """Whether a menu of Kconfig depends on the symbol `name`: its options are then set
+    only while that symbol is (a strategy's, while its entry is chosen)."""
+    return name in _menu_dependencies(KCONFIG_PATH)
+
+
+@functools.cache
+def _menu_dependencies(kconfig: Path) -> frozenset[str]:
+    kconf = kconfiglib.Kconfig(str(kconfig), warn_to_stderr=False)
+    return frozenset(item.name for node in kconf.node_iter() if node.item is kconfiglib.MENU
+                     for item in kconfiglib.expr_items(node.dep) if isinstance(item, kconfiglib.Symbol))
+
+
 def _choice(kconf: kconfiglib.Kconfig, prefix: str) -> kconfiglib.Choice:
     """The choice whose symbols start with `prefix`."""
     return next(sym.choice for name, sym in kconf.syms.items() if name.startswith(prefix) and sym.choice is not None)

@@ -1,26 +1,23 @@
 """The one entry point of configuration: `load_config` reads a Kconfig `.config` into one
 frozen, typed `Config`, refusing anything suspicious.
 
-Reading and typed access are `kconfig`'s; each strategy's options are parsed by their own
-module (`ga`, `archive`, `gepa`, `search`) and the SGLang launch and address rule by `sglang`.
-Here: every other setting, each checked (unparsable floats, out-of-range values, the
-GA's sentinels) and reported as a `ConfigError` naming the symbol and the value.
+Reading and typed access are `kconfig`'s; each strategy's options are parsed by its own
+module, found through the strategy registry (`registry`), and the SGLang launch and address
+rule by `sglang`. Here: every other setting, each checked (unparsable floats, out-of-range
+values, sentinels) and reported as a `ConfigError` naming the symbol and the value.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from compressor_2.config.archive import ArchiveOptions, archive_options
-from compressor_2.config.ga import SENTINELS as GA_SENTINELS
-from compressor_2.config.ga import GaOptions, ga_options
-from compressor_2.config.gepa import GepaOptions, gepa_options
+from compressor_2.config import registry
 from compressor_2.config.kconfig import MAX_LOGITS, Reader, interval, read_config, require
-from compressor_2.config.search import CmaesOptions, RandomOptions, cmaes_options, random_options
 from compressor_2.config.sglang import check_addresses
 
 EngineName = Literal["transformers", "sglang"]
@@ -105,12 +102,10 @@ class Config:
     max_reflector_tokens: int
     max_wall_minutes: float
     max_idle_steps: int  # steps in a row without a fresh metric call before the run stops
-    archive: ArchiveOptions | None  # with strategy "archive"
-    gepa: GepaOptions | None  # with strategy "gepa"
-    random: RandomOptions | None  # with strategy "random"
-    cmaes: CmaesOptions | None  # with strategy "cmaes"
+    # Each strategy's options this config sets, by name, read by its own module: the chosen
+    # one's, and those every config sets (the GA's). `config.<name>` reads them too.
+    strategy_options: Mapping[str, Any]
     seed: int  # every strategy's RNG
-    ga: GaOptions  # read whatever the strategy: the defconfig's GA sets them all
     # Clustering
     embedding_model: str
     pca_components: int
@@ -119,14 +114,21 @@ class Config:
     cluster_seed: int
     source: Path | None = None  # the .config it was loaded from
 
+    def __getattr__(self, name: str) -> Any:
+        """`config.ga`, `config.gepa`, ...: a strategy's options, when this config sets them."""
+        options = self.__dict__.get("strategy_options", {})
+        if name in options:
+            return options[name]
+        raise AttributeError(f"'Config' object has no attribute {name!r}")
+
     def summary(self) -> str:
         """The resolved settings, one `name = value` a line, for `check-config`."""
-        # The GA's options keep the plain names they have always been listed under.
-        nested = {"ga": "", "archive": "archive.", "gepa": "gepa.", "random": "random.", "cmaes": "cmaes."}
-        pairs = [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.name not in nested]
-        for name, prefix in nested.items():
-            if (options := getattr(self, name)) is not None:
-                pairs += [(f"{prefix}{f.name}", getattr(options, f.name)) for f in dataclasses.fields(options)]
+        pairs = [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "strategy_options"]
+        for name, options in self.strategy_options.items():
+            # Options every config sets are listed plainly (the GA's, as always); the chosen
+            # strategy's under its name.
+            prefix = "" if registry.always_read(name) else f"{name}."
+            pairs += [(f"{prefix}{f.name}", getattr(options, f.name)) for f in dataclasses.fields(options)]
         width = max(len(name) for name, _ in pairs)
         return "\n".join(f"{name.ljust(width)} = {_show(value)}" for name, value in pairs)
 
@@ -155,13 +157,14 @@ def load_config(path: str | Path) -> Config:
 
 
 def _build(r: Reader) -> Config:
-    for name in ("INITIAL_DELTAS_PATH", *GA_SENTINELS, "LAMBDA_SHORTNESS", "LAMBDA_CORRECTNESS"):
+    always = tuple(name for name in registry.strategy_names() if registry.always_read(name))
+    for name in ("INITIAL_DELTAS_PATH", *registry.sentinels(always), "LAMBDA_SHORTNESS", "LAMBDA_CORRECTNESS"):
         _sentinel(r, name)
-    ga = ga_options(r)
+    options = registry.read(always, r)
     checked = _checked(r)
     strategy = r.choice_suffix("STRATEGY_")
     return Config(**_paths_and_data(r, checked), **_engine(r, checked), **_fitness_and_reflector(r, checked),
-                  **_search(r, checked, strategy, ga),
+                  **_search(r, checked, strategy, options),
                   embedding_model=r.string("EMBEDDING_MODEL"),
                   pca_components=r.integer("PCA_COMPONENTS"),
                   num_clusters=r.integer("NUM_CLUSTERS"),
@@ -288,17 +291,14 @@ def _fitness_and_reflector(r: Reader, checked: dict[str, Any]) -> dict[str, Any]
     )
 
 
-def _search(r: Reader, checked: dict[str, Any], strategy: str, ga: GaOptions) -> dict[str, Any]:
+def _search(r: Reader, checked: dict[str, Any], strategy: str, options: dict[str, Any]) -> dict[str, Any]:
+    """`options`: those every config sets, read already; the chosen strategy's are read here."""
     return dict(
         strategy=strategy,
         max_metric_calls=r.integer("MAX_METRIC_CALLS"),
         max_reflector_tokens=r.integer("MAX_REFLECTOR_TOKENS"),
         max_wall_minutes=checked["max_wall_minutes"],
         max_idle_steps=r.integer("MAX_IDLE_STEPS"),
-        archive=archive_options(r) if strategy == "archive" else None,
-        gepa=gepa_options(r, r.integer("MAX_METRIC_CALLS")) if strategy == "gepa" else None,
-        random=random_options(r) if strategy == "random" else None,
-        cmaes=cmaes_options(r) if strategy == "cmaes" else None,
+        strategy_options={**options, **(registry.read((strategy,), r) if strategy not in options else {})},
         seed=r.integer("SEED"),
-        ga=ga,
     )

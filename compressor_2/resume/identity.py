@@ -1,14 +1,15 @@
 """A run's identity: the settings that define what it optimises and how it scores, recorded
 in the run archive at its start and compared when it resumes.
 
-Every Kconfig symbol is classified here, once (`SETTINGS`): either it is part of the
-identity, and a resume with another value is refused (one line per changed setting, old
-and new value), or it may change across a resume, and `may_change` says what that means
-for the run. A path is compared by what it holds (the training pool's example ids and
-prompt digests, the clusters' digest, the initial deltas, the model's files), so a file
-moved elsewhere unchanged is the same setting, and weights changed in place are not. The
-options of the run's strategy are part of it; another strategy's options are not used,
-and not compared.
+Every Kconfig symbol is classified once: either it is part of the identity, and a resume
+with another value is refused (one line per changed setting, old and new value), or it may
+change across a resume, and `may_change` says what that means for the run. The shared
+settings are classified here; a strategy's options by its own module (`IDENTITY`, a tuple
+of `Option`s, found through the strategy registry); `SETTINGS` is all of them. A path is
+compared by what it holds (the training pool's example ids and prompt digests, the
+clusters' digest, the initial deltas, the model's files), so a file moved elsewhere
+unchanged is the same setting, and weights changed in place are not. The options of the
+run's strategy are part of it; another strategy's options are not used, and not compared.
 
 A run started by a compressor_2 that recorded no identity gets this config's recorded at
 its next start (after the strategy and the answer context it did record are compared):
@@ -21,11 +22,13 @@ import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any
 
 from compressor_2.archive import RunArchive
 from compressor_2.common.console import say
 from compressor_2.common.errors import ConfigError
-from compressor_2.config import Config
+from compressor_2.config import Config, registry
 from compressor_2.data.example import Example
 from compressor_2.engines.sglang_model import served_models
 from compressor_2.fitness import example_key
@@ -58,9 +61,27 @@ class Setting:
     may_change: str = ""  # what a change across a resume means; "" = refused
 
 
-def _option(strategy: str, read: Callable[[Config], object]) -> Value:
+@dataclass(frozen=True)
+class Option:
+    """One option of a strategy as the run identity records it: its Kconfig symbol, its
+    value read from the strategy's options, and what a change across a resume means ("":
+    refused). A strategy module declares its own in `IDENTITY`."""
+
+    symbol: str
+    value: Callable[[Any], object]
+    may_change: str = ""
+
+
+def compared(prefix: str, *fields: str) -> tuple[Option, ...]:
+    """Options a resume compares: each field of the strategy's options, as CONFIG_<PREFIX><FIELD>."""
+    return tuple(Option(f"{prefix}{field.upper()}", attrgetter(field)) for field in fields)
+
+
+def _option(strategy: str, option: Option) -> Setting:
     """A strategy's own option: compared only in a run of that strategy."""
-    return lambda c, _: read(c) if c.strategy == strategy else None
+    return Setting(f"CONFIG_{option.symbol}", (option.symbol,),
+                   lambda c, _: option.value(c.strategy_options[strategy]) if c.strategy == strategy else None,
+                   option.may_change)
 
 
 def _pool(inputs: RunInputs) -> str:
@@ -97,10 +118,6 @@ def _served(path: str, version: str | None) -> str:
     return described if version in (None, "default") else f"{described}, weight version {version}"
 
 
-def _ga(read: Callable[[Config], object]) -> Value:
-    return _option("ga", read)
-
-
 STEPS = ("raised, the run goes on to the new count; lowered to the steps already run or fewer, it stops at once "
          "and keeps everything")
 BUDGET = ("a budget: raised (or 0, unlimited), the run goes on where it stopped; lowered below what was spent, it "
@@ -120,7 +137,7 @@ COMPARE = ("which simpler tools are measured after the search; the search never 
 HOLDOUT = ("which questions the held-out check measures after the search; the search never reads them: the next "
            "check measures the new set, reusing cached answers of questions both sets hold")
 
-SETTINGS: tuple[Setting, ...] = (
+IDENTITY: tuple[Setting, ...] = (
     # What is optimised and how it is scored.
     Setting("CONFIG_STRATEGY_*", ("STRATEGY_*",), lambda c, _: c.strategy),
     Setting("CONFIG_LAMBDA_SHORTNESS (normalised)", ("LAMBDA_SHORTNESS",), lambda c, _: c.lambda_shortness),
@@ -149,44 +166,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("the initial deltas (what CONFIG_INITIAL_DELTAS_PATH holds)", ("INITIAL_DELTAS_PATH",),
             lambda _, i: _initial(i)),
     Setting("CONFIG_SEED", ("SEED",), lambda c, _: c.seed),
-    # The strategy's options.
-    Setting("CONFIG_POPULATION_SIZE", ("POPULATION_SIZE",), _ga(lambda c: c.ga.population_size)),
-    Setting("CONFIG_CXPB", ("CXPB",), _ga(lambda c: c.ga.cxpb)),
-    Setting("CONFIG_MUTPB", ("MUTPB",), _ga(lambda c: c.ga.mutpb)),
-    Setting("CONFIG_ELITISM_SIZE", ("ELITISM_SIZE",), _ga(lambda c: c.ga.elitism_size)),
-    Setting("CONFIG_SELECTION", ("SELECTION",), _ga(lambda c: c.ga.selection)),
-    Setting("CONFIG_SELECTION_FALLBACK", ("SELECTION_FALLBACK",), _ga(lambda c: c.ga.selection_fallback)),
-    Setting("CONFIG_TOURNAMENT_SIZE", ("TOURNAMENT_SIZE",), _ga(lambda c: c.ga.tournament_size)),
-    Setting("CONFIG_TRUNCATION_TOP_K", ("TRUNCATION_TOP_K",), _ga(lambda c: c.ga.truncation_top_k)),
-    Setting("CONFIG_MUTATION_SCOPE", ("MUTATION_SCOPE",), _ga(lambda c: c.ga.mutation_scope)),
-    *(Setting(f"CONFIG_ARCHIVE_{name.upper()}", (f"ARCHIVE_{name.upper()}",),
-              _option("archive", lambda c, n=name: getattr(c.archive, n)))
-      for name in ("parents_per_iteration", "replace", "sharpness", "novelty_weight", "issue_batch", "issue_weights",
-                   "generators", "feedback_scope", "feedback_depth", "postcheck_examples", "postcheck_margin",
-                   "delta_limit", "min_correctness")),
-    Setting("CONFIG_ARCHIVE_MIDPOINT", ("ARCHIVE_MIDPOINT",),
-            _option("archive", lambda c: c.archive.midpoint if c.archive.midpoint_percentile is None
-                    else f"p{c.archive.midpoint_percentile:g}")),
-    *(Setting(f"CONFIG_GEPA_{name.upper()}", (f"GEPA_{name.upper()}",),
-              _option("gepa", lambda c, n=name: getattr(c.gepa, n)))
-      for name in ("valset_size", "valset_indices", "minibatch_size", "candidate_selector", "epsilon", "skip_perfect",
-                   "component_selector", "use_merge", "max_merge_invocations", "merge_eps", "merge_subsample",
-                   "val_overlap_floor")),
-    *(Setting(f"CONFIG_RANDOM_{name.upper()}", (f"RANDOM_{name.upper()}",),
-              _option("random", lambda c, n=name: getattr(c.random, n)))
-      for name in ("distribution", "scale", "batch_size")),
-    *(Setting(f"CONFIG_CMAES_{name.upper()}", (f"CMAES_{name.upper()}",),
-              _option("cmaes", lambda c, n=name: getattr(c.cmaes, n)))
-      for name in ("sigma", "population")),
-    # What may change across a resume.
+)
+MAY_CHANGE: tuple[Setting, ...] = (
     Setting("CONFIG_OUTPUT_DIR", ("OUTPUT_DIR",), lambda c, _: str(c.output_dir),
             "another directory is another run: the rerun starts afresh there, and this one stays as it is"),
-    Setting("CONFIG_NGEN", ("NGEN",), _ga(lambda c: c.ga.ngen), STEPS),
-    Setting("CONFIG_ARCHIVE_ITERATIONS", ("ARCHIVE_ITERATIONS",), _option("archive", lambda c: c.archive.iterations),
-            STEPS),
-    Setting("CONFIG_RANDOM_BATCHES", ("RANDOM_BATCHES",), _option("random", lambda c: c.random.batches), STEPS),
-    Setting("CONFIG_CMAES_GENERATIONS", ("CMAES_GENERATIONS",), _option("cmaes", lambda c: c.cmaes.generations),
-            STEPS),
     Setting("CONFIG_MAX_METRIC_CALLS", ("MAX_METRIC_CALLS",), lambda c, _: c.max_metric_calls, BUDGET),
     Setting("CONFIG_MAX_REFLECTOR_TOKENS", ("MAX_REFLECTOR_TOKENS",), lambda c, _: c.max_reflector_tokens, BUDGET),
     Setting("CONFIG_MAX_WALL_MINUTES", ("MAX_WALL_MINUTES",), lambda c, _: c.max_wall_minutes, BUDGET),
@@ -218,15 +201,31 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("CONFIG_COMPARE_INSTRUCTION", ("COMPARE_INSTRUCTION",), lambda c, _: c.compare_instruction, COMPARE),
     Setting("CONFIG_EMBED_BATCH_SIZE", ("EMBED_BATCH_SIZE",), lambda c, _: c.embed_batch_size,
             "tokens per embedding batch of a cluster build: speed only, not an input of the clusters"),
-    *(Setting(f"CONFIG_ARCHIVE_{name.upper()}", (f"ARCHIVE_{name.upper()}",),
-              _option("archive", lambda c, n=name: getattr(c.archive, n)), CONCURRENCY)
-      for name in ("generation_concurrency", "assessment_concurrency")),
 )
+
+
+def settings(strategy: str) -> tuple[Setting, ...]:
+    """The settings of a run of `strategy`: the shared ones, and its options as its module
+    declares them."""
+    return (*IDENTITY, *(_option(strategy, option) for option in registry.identity(strategy)), *MAY_CHANGE)
+
+
+def every_setting() -> tuple[Setting, ...]:
+    """The shared settings and every strategy's options: each Kconfig symbol's one place."""
+    options = [_option(name, option) for name in registry.strategy_names() for option in registry.identity(name)]
+    return (*IDENTITY, *options, *MAY_CHANGE)
+
+
+def __getattr__(name: str) -> object:
+    """`SETTINGS`: `every_setting()`, read from the strategy modules when first asked."""
+    if name == "SETTINGS":
+        return every_setting()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def run_identity(config: Config, inputs: RunInputs) -> dict[str, str]:
     """Every setting's value under `config`, as recorded text (None: not used by this run)."""
-    return {s.name: text for s in SETTINGS if (text := _text(s.value(config, inputs))) is not None}
+    return {s.name: text for s in settings(config.strategy) if (text := _text(s.value(config, inputs))) is not None}
 
 
 def _text(value: object) -> str | None:
@@ -248,7 +247,7 @@ def changes(recorded: Mapping[str, str], current: Mapping[str, str]) -> tuple[li
     config does not use depends on one that changed (another strategy, judge or selection),
     whose line says so."""
     refused, allowed = [], []
-    for s in SETTINGS:
+    for s in every_setting():
         if s.name not in recorded or s.name not in current or recorded[s.name] == current[s.name]:
             continue
         old, new = recorded[s.name], current[s.name]

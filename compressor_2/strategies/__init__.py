@@ -1,59 +1,55 @@
-"""Evolution strategies, chosen by CONFIG_STRATEGY (a Kconfig choice whose entry
-`STRATEGY_<NAME>` selects `compressor_2/strategies/<name>.py`): the decisions of each; the
-run's driver (`run/driver.py`) runs every loop. Private arithmetic stands beside them
-(`ga_*.py`, `gepa_pareto.py`, `archive_ops.py`; `search.py`: random's and CMA-ES's steps);
-`operators.py` holds what several use. A strategy module provides:
+"""Evolution strategies, each one module found by name (`load_strategy`), its options read with `options_of`.
+
+CONFIG_STRATEGY's entry `STRATEGY_<NAME>` in Kconfig selects `compressor_2/strategies/<name>.py`,
+through the strategy registry (`config/registry.py`); the run's driver (`run/driver.py`)
+runs every loop. Private arithmetic stands beside them (`ga_*.py`, `gepa_pareto.py`,
+`archive_ops.py`; `search.py`: random's and CMA-ES's steps); `operators.py` holds what
+several use. A strategy module provides (`Plugin`):
+- `make(run) -> run.Strategy`: how it starts, one step, its state as one typed object (in
+  its `state_format`) and how it takes that up again, over the services of `run.Run`;
 - `estimate(config, n_examples) -> Cost`: its start's and each step's cost, before any
   work, for the budget warning;
-- `make(run) -> run.driver.Strategy`: how it starts, one step, its state as one typed
-  object and how it takes that up again, over the services of `run.services.Run`;
-- `OUTPUT_FILES`: the names it writes in the run directory besides the shared files.
-Adding a strategy is adding a module and a Kconfig entry.
+- `OUTPUT_FILES`: the names it writes in the run directory besides the shared files;
+and, when it has options, `read_options(reader)` (typed and checked once, when the config
+is loaded) and `IDENTITY` (its options in the run identity). Adding a strategy is adding a
+module and a Kconfig entry.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from compressor_2.common.errors import ConfigError
-from compressor_2.config.kconfig import choice_names
+from compressor_2.config.registry import strategy_module, strategy_names
 
 if TYPE_CHECKING:
     from compressor_2.config import Config
     from compressor_2.run.budget import Cost
-    from compressor_2.run.driver import Strategy as Decisions
+    from compressor_2.run.driver import Strategy
     from compressor_2.run.services import Run
 
+__all__ = ["Plugin", "load_strategy", "options_of", "strategy_names"]
 
-class Strategy(Protocol):
+
+class Plugin(Protocol):
+    """What a strategy module provides to the commands (a module is its own plug-in)."""
+
     OUTPUT_FILES: tuple[str, ...]
 
     def estimate(self, config: Config, n_examples: int) -> Cost: ...
 
-    def make(self, run: Run) -> Decisions: ...
+    def make(self, run: Run) -> Strategy: ...
+
+
+def load_strategy(name: str) -> Plugin:
+    """The module of strategy `name`; a ConfigError naming the file when it has none."""
+    return cast(Plugin, strategy_module(name))
 
 
 def options_of(config: Config, name: str) -> Any:
-    """The options of strategy `name` (`config.<name>`): the loader parses them when
+    """The options of strategy `name`, as its module read them: the loader reads them when
     CONFIG_STRATEGY names that strategy."""
-    found = getattr(config, name, None)
+    found = config.strategy_options.get(name)
     if found is None:
         raise ConfigError(f"CONFIG_STRATEGY_{name.upper()}=y is needed for the {name} strategy's options")
     return found
-
-
-def strategy_names() -> tuple[str, ...]:
-    """Every strategy Kconfig offers (the entries of the STRATEGY_ choice)."""
-    return choice_names("STRATEGY_")
-
-
-def load_strategy(name: str) -> Strategy:
-    module_name = f"{__name__}.{name}"
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name != module_name:
-            raise
-        raise ConfigError(f"CONFIG_STRATEGY={name!r} has no module compressor_2/strategies/{name}.py") from None
-    return cast(Strategy, module)

@@ -24,6 +24,7 @@ import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -33,19 +34,29 @@ from compressor_2.archive import Candidate, Lineage, Spot, genome_key
 from compressor_2.common.atomic import atomic_write_text
 from compressor_2.common.console import say, timed
 from compressor_2.common.errors import ConfigError
-from compressor_2.config import ArchiveOptions, Config
+from compressor_2.config import Config
+from compressor_2.config.kconfig import MAX_LOGITS, Reader, decimal, require, shown_number
 from compressor_2.deltas import to_list
 from compressor_2.fitness import Evaluation, Record
 from compressor_2.reflector.base import MergeRequest, MutationRequest, VectorRequest
 from compressor_2.reflector.prompts import estimated_call_tokens
 from compressor_2.resume import fields
 from compressor_2.resume.fields import FieldError
+from compressor_2.resume.identity import CONCURRENCY, STEPS, Option, compared
 from compressor_2.resume.state import StateFormat, state_json
 from compressor_2.run.budget import Cost
 from compressor_2.run.driver import FIRST_STEP, Report, Strategy
 from compressor_2.run.services import NewCandidate, Run
 from compressor_2.strategies import options_of
 from compressor_2.strategies.archive_ops import (
+    ARCHIVE_GENERATORS,
+    FEEDBACK_SCOPES,
+    ISSUE_TYPES,
+    MAX_ISSUE_WEIGHT,
+    MAX_NOVELTY_WEIGHT,
+    MAX_POSTCHECK_MARGIN,
+    MAX_SHARPNESS,
+    ArchiveOptions,
     Issue,
     batch_target,
     feedback_scope,
@@ -64,6 +75,66 @@ PROGRESS_PLOT = "archive_progress.png"
 VIABILITY_META = "archive_viability"  # the archive's meta key of the viability rule, read by `show`
 # What it writes in the run directory besides the shared services' files.
 OUTPUT_FILES = (STATE_FILE, SNAPSHOTS_FILE, PROGRESS_PLOT)
+IDENTITY = (*compared("ARCHIVE_", "parents_per_iteration", "replace", "sharpness", "novelty_weight", "issue_batch",
+                      "issue_weights", "generators", "feedback_scope", "feedback_depth", "postcheck_examples",
+                      "postcheck_margin", "delta_limit", "min_correctness"),
+            Option("ARCHIVE_MIDPOINT", lambda o: o.midpoint if o.midpoint_percentile is None
+                   else f"p{o.midpoint_percentile:g}"),
+            Option("ARCHIVE_ITERATIONS", attrgetter("iterations"), STEPS),
+            *(Option(o.symbol, o.value, CONCURRENCY)
+              for o in compared("ARCHIVE_", "generation_concurrency", "assessment_concurrency")))
+
+
+def read_options(r: Reader) -> ArchiveOptions:
+    midpoint = r.string("ARCHIVE_MIDPOINT")
+    fixed, percentile = None, None
+    if midpoint.startswith("p"):
+        percentile = decimal(midpoint[1:])
+        require(0 <= percentile <= 100, f"CONFIG_ARCHIVE_MIDPOINT={midpoint!r}: a percentile is p0 .. p100")
+    else:
+        # The sigmoid's exponent is sharpness x (fitness - midpoint), and a fitness lies in [0, 1];
+        # that range is checked here, with a hint at the percentile form.
+        fixed = r.number("ARCHIVE_MIDPOINT", -math.inf, math.inf)
+        require(0 <= fixed <= 1, f"CONFIG_ARCHIVE_MIDPOINT={midpoint!r}: a fixed midpoint is a fitness in [0, 1] "
+                 f"(or write p{midpoint} for a percentile of the archive's fitness values)")
+    weights = []
+    for part in filter(None, (p.strip() for p in r.string("ARCHIVE_ISSUE_WEIGHTS").split(","))):
+        name, _, value = part.partition("=")
+        weight = decimal(value.strip())
+        require(name.strip() in ISSUE_TYPES and 0 <= weight <= MAX_ISSUE_WEIGHT,
+                 f"CONFIG_ARCHIVE_ISSUE_WEIGHTS has {part!r}: write type=weight with a type among "
+                 f"{', '.join(ISSUE_TYPES)} and a weight in [0, {shown_number(MAX_ISSUE_WEIGHT)}]")
+        weights.append((name.strip(), weight))
+    require(any(w > 0 for _, w in weights), "CONFIG_ARCHIVE_ISSUE_WEIGHTS gives no issue type a weight above 0")
+    generators = tuple(g.strip() for g in r.string("ARCHIVE_GENERATORS").split(",") if g.strip())
+    require(bool(generators) and all(g in ARCHIVE_GENERATORS for g in generators)
+             and len(set(generators)) == len(generators),
+             f"CONFIG_ARCHIVE_GENERATORS={','.join(generators)!r} must name some of "
+             f"{', '.join(ARCHIVE_GENERATORS)}, each once")
+    scope = r.string("ARCHIVE_FEEDBACK_SCOPE").strip()
+    require(scope in FEEDBACK_SCOPES,
+             f"CONFIG_ARCHIVE_FEEDBACK_SCOPE={scope!r} is unknown; use one of {', '.join(FEEDBACK_SCOPES)}")
+    return ArchiveOptions(
+        iterations=r.integer("ARCHIVE_ITERATIONS"),
+        parents_per_iteration=r.integer("ARCHIVE_PARENTS_PER_ITERATION"),
+        replace=r.flag("ARCHIVE_REPLACE"),
+        sharpness=r.number("ARCHIVE_SHARPNESS", 0, MAX_SHARPNESS, above=True),
+        midpoint=fixed,
+        midpoint_percentile=percentile,
+        novelty_weight=r.number("ARCHIVE_NOVELTY_WEIGHT", 0, MAX_NOVELTY_WEIGHT),
+        min_correctness=r.number("ARCHIVE_MIN_CORRECTNESS", 0, 1),
+        issue_batch=r.integer("ARCHIVE_ISSUE_BATCH"),
+        issue_weights=tuple(weights),
+        generators=generators,
+        generation_concurrency=r.integer("ARCHIVE_GENERATION_CONCURRENCY"),
+        assessment_concurrency=r.integer("ARCHIVE_ASSESSMENT_CONCURRENCY"),
+        feedback_scope=scope,
+        feedback_depth=r.integer("ARCHIVE_FEEDBACK_DEPTH"),
+        postcheck_examples=r.integer("ARCHIVE_POSTCHECK_EXAMPLES"),
+        postcheck_margin=r.number("ARCHIVE_POSTCHECK_MARGIN", 0, MAX_POSTCHECK_MARGIN),
+        delta_limit=r.number("ARCHIVE_DELTA_LIMIT", 0, MAX_LOGITS, above=True),
+    )
+
 
 
 def estimate(config: Config, n_examples: int) -> Cost:

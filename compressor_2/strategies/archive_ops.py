@@ -1,6 +1,6 @@
-"""Seed 003's arithmetic as small pure functions: parent weights, typed issues, the cluster
-each names and their sampling in batches by type, and the feedback memory's scopes over a
-lineage graph."""
+"""Seed 003's options and its arithmetic as small pure functions: parent weights, typed
+issues, the cluster each names and their sampling in batches by type, and the feedback
+memory's scopes over a lineage graph."""
 
 from __future__ import annotations
 
@@ -19,6 +19,39 @@ PADDED_RATIO = 2.0  # correct, but at least this many times the gold answer's to
 EOS_CLUSTER, NUMBERS_CLUSTER = "0", "1"
 _REFUSAL = ("cannot", "can't", "unable", "not possible", "no information", "not provided", "not available",
             "i don't know", "insufficient")
+ISSUE_TYPES = ("cut_short", "wrong", "padded", "refusal")
+ARCHIVE_GENERATORS = ("cluster", "vector", "crossover")
+FEEDBACK_SCOPES = ("none", "ancestors", "neighborhood")
+# Bounds that keep seed 003's arithmetic finite: exp(sharpness x (fitness - midpoint)) with
+# both in [0, 1], (1 + children) ** novelty_weight, and the sum of the issue weights.
+MAX_SHARPNESS = 100.0
+MAX_NOVELTY_WEIGHT = 10.0
+MAX_ISSUE_WEIGHT = 1e6
+MAX_POSTCHECK_MARGIN = 1e6  # summed per-example scores, each at most 1
+
+
+@dataclass(frozen=True)
+class ArchiveOptions:
+    """Seed 003's options (CONFIG_ARCHIVE_*)."""
+
+    iterations: int
+    parents_per_iteration: int
+    replace: bool
+    sharpness: float
+    midpoint: float | None  # a fixed midpoint, or
+    midpoint_percentile: float | None  # a percentile of the archive's fitness values
+    novelty_weight: float
+    min_correctness: float  # viability: a fraction of the seed candidate's correctness
+    issue_batch: int
+    issue_weights: tuple[tuple[str, float], ...]
+    generators: tuple[str, ...]
+    generation_concurrency: int
+    assessment_concurrency: int
+    feedback_scope: str
+    feedback_depth: int
+    postcheck_examples: int
+    postcheck_margin: float
+    delta_limit: float
 
 
 # -- parent selection ---------------------------------------------------------------------

@@ -12,15 +12,18 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
 from deap import cma
 
-from compressor_2.config import CmaesOptions, Config
+from compressor_2.config import Config
+from compressor_2.config.kconfig import MAX_LOGITS, Reader, require
 from compressor_2.deltas import clamp_rows, to_list
 from compressor_2.resume import fields
 from compressor_2.resume.fields import FieldError
+from compressor_2.resume.identity import STEPS, Option, compared
 from compressor_2.run.budget import Cost
 from compressor_2.run.services import Run
 from compressor_2.strategies import options_of
@@ -36,6 +39,27 @@ _ARRAYS = ("centroid", "pc", "ps", "C")
 # The step size adapts, so a saved one may lie far outside CONFIG_CMAES_SIGMA's range; beyond
 # these the squares and reciprocals of the draws overflow.
 SIGMA_RANGE = (sys.float_info.min, 1e100)
+# CMA-ES divides by the step size and squares it: below this its covariance update loses
+# every digit.
+MIN_SIGMA = 1e-6
+IDENTITY = (*compared("CMAES_", "sigma", "population"), Option("CMAES_GENERATIONS", attrgetter("generations"), STEPS))
+
+
+@dataclass(frozen=True)
+class CmaesOptions:
+    """CMA-ES's options (CONFIG_CMAES_*)."""
+
+    sigma: float
+    population: int  # 0: DEAP's default
+    generations: int
+
+
+def read_options(r: Reader) -> CmaesOptions:
+    sigma = r.number("CMAES_SIGMA", MIN_SIGMA, MAX_LOGITS)
+    population = r.integer("CMAES_POPULATION")
+    require(population == 0 or population >= 2, f"CONFIG_CMAES_POPULATION={population} must be 0 (DEAP's "
+             "default) or at least 2: CMA-ES updates from the better half")
+    return CmaesOptions(sigma, population, r.integer("CMAES_GENERATIONS"))
 
 
 def estimate(config: Config, n_examples: int) -> Cost:

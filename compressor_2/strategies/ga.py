@@ -19,10 +19,15 @@ checks the budgets; a resume restores the round-robin index before mutate is reg
 and replays the interrupted generation from the same RNG state, with the answers the
 archive already holds.
 
-evolution_state.json (seed 000 §2) is the one state format's (run/state.py: `generation`,
+evolution_state.json (seed 000 §2) is the one state format's (resume/state.py: `generation`,
 `rng`, `last_candidate_id`, `best_individual`, `best_fitness`) with the GA's own fields:
 `population` [{candidate_id, deltas, scratchpad}], candidates the archive holds with the
 same deltas, and `rr_idx`, the round robin's next mutation target.
+
+Its options (CONFIG_POPULATION_SIZE, CONFIG_NGEN, ...) have no defaults, so a config that
+leaves one at its sentinel (-1 or "") is refused; a tournament size or truncation top-k
+lies in [2, population], and is set only when a selection draws by it. No Kconfig menu
+depends on its entry, so every config sets them and they are checked whatever the strategy.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -40,16 +46,19 @@ from deap import base, tools
 from compressor_2.archive import Placement, RunArchive, Spot
 from compressor_2.common.console import answers_bar, ordinal, say
 from compressor_2.config import Config
+from compressor_2.config.kconfig import Reader, require
 from compressor_2.deltas import to_dict, to_list
 from compressor_2.reflector.base import PopulationMember, Selected, SelectionRequest
 from compressor_2.reflector.prompts import estimated_call_tokens
 from compressor_2.resume import fields
 from compressor_2.resume.fields import FieldError
 from compressor_2.resume.history import Work, entry, population_stats
+from compressor_2.resume.identity import STEPS, Option, compared
 from compressor_2.resume.state import GLOBAL_RNGS, Member, StateFormat, read_member, seed_rng, state_json
 from compressor_2.run.budget import Cost
 from compressor_2.run.driver import FIRST_STEP, Report
 from compressor_2.run.services import NewCandidate, Run
+from compressor_2.strategies import options_of
 from compressor_2.strategies.ga_individual import (
     Individual,
     initial_population,
@@ -57,17 +66,76 @@ from compressor_2.strategies.ga_individual import (
     make_toolbox,
     new_individual,
 )
-from compressor_2.strategies.ga_operators import RRState, make_fallback, make_selection, pairs
+from compressor_2.strategies.ga_operators import (
+    SELECTIONS,
+    GaOptions,
+    RRState,
+    make_fallback,
+    make_selection,
+    pairs,
+)
 
 STATE_FILE = "evolution_state.json"
 # What it writes in the run directory besides the shared services' files.
 OUTPUT_FILES = (STATE_FILE,)
+SENTINELS = ("POPULATION_SIZE", "NGEN", "CXPB", "MUTPB", "ELITISM_SIZE", "SELECTION")
+FALLBACK_SELECTIONS = ("tournament", "truncation")
+MUTATION_SCOPES = ("cluster", "vector")
+MAX_POPULATION = 100_000
+MAX_STEPS = 1_000_000  # generations (Kconfig's ranges bound the other strategies' step counts)
+IDENTITY = (*compared("", "population_size", "cxpb", "mutpb", "elitism_size", "selection", "selection_fallback",
+                      "tournament_size", "truncation_top_k", "mutation_scope"),
+            Option("NGEN", attrgetter("ngen"), STEPS))
+
+
+def read_options(r: Reader) -> GaOptions:
+    population = r.integer("POPULATION_SIZE", 2, MAX_POPULATION)
+    ngen = r.integer("NGEN", 1, MAX_STEPS)
+    elitism = r.integer("ELITISM_SIZE")
+    require(0 <= elitism < population,
+            f"CONFIG_ELITISM_SIZE={elitism} must satisfy 0 <= elitism < population ({population})")
+    cxpb, mutpb = r.number("CXPB", 0, 1), r.number("MUTPB", 0, 1)
+    selection = r.string("SELECTION").strip()
+    require(selection in SELECTIONS,
+            f"CONFIG_SELECTION={selection!r} is unknown; use one of {', '.join(SELECTIONS)}")
+    fallback = _fallback(r) if selection == "llm" else None
+    drawn = {selection, fallback}
+    sizes = {"TOURNAMENT_SIZE": "tournament", "TRUNCATION_TOP_K": "truncation"}
+    used = {name: _selection_size(r, name, population) for name, kind in sizes.items() if kind in drawn}
+    for name, kind in sizes.items():
+        # A size no selection reads is a sign that the selection is not the one meant.
+        require(name in used or r.integer(name) == -1,
+                f"CONFIG_{name}={r.integer(name)} is set but no selection draws by {kind} "
+                f"(CONFIG_SELECTION={selection!r}"
+                f"{f', CONFIG_SELECTION_FALLBACK={fallback!r}' if fallback else ''}): set it to -1 (unset)")
+    scope = r.string("MUTATION_SCOPE").strip()
+    require(scope in MUTATION_SCOPES,
+            f"CONFIG_MUTATION_SCOPE={scope!r} is unknown; use one of {', '.join(MUTATION_SCOPES)}")
+    return GaOptions(population, ngen, cxpb, mutpb, elitism, selection, fallback, used.get("TOURNAMENT_SIZE"),
+                     used.get("TRUNCATION_TOP_K"), scope)
+
+
+def _fallback(r: Reader) -> str:
+    fallback = r.string("SELECTION_FALLBACK").strip()
+    require(fallback != "", 'CONFIG_SELECTION_FALLBACK is not set but CONFIG_SELECTION="llm" needs it '
+            f"(one of {', '.join(FALLBACK_SELECTIONS)})")
+    require(fallback in FALLBACK_SELECTIONS, f"CONFIG_SELECTION_FALLBACK={fallback!r} is unknown; use one of "
+            f"{', '.join(FALLBACK_SELECTIONS)}")
+    return fallback
+
+
+def _selection_size(r: Reader, name: str, population: int) -> int:
+    value = r.integer(name)
+    require(value != -1, f"CONFIG_{name} is not set (still at its sentinel -1) but CONFIG_SELECTION "
+            "(or CONFIG_SELECTION_FALLBACK) needs it")
+    require(2 <= value <= population, f"CONFIG_{name}={value} must be in [2, population] = [2, {population}]")
+    return value
 
 
 def estimate(config: Config, n_examples: int) -> Cost:
     """The initial population is one genome cloned; then per generation every crossover
     child and every mutated child is a new genome (clones are cache hits)."""
-    options = config.ga
+    options = options_of(config, "ga")
     new_genomes = (options.population_size - options.elitism_size) * (options.cxpb + options.mutpb)
     calls = new_genomes + (options.selection == "llm") if config.reflector != "local" else 0.0
     return Cost("generation", n_examples, new_genomes * n_examples,
@@ -140,7 +208,7 @@ class Ga:
     step_name, steps_symbol, proposer, progress_plot = "generation", "CONFIG_NGEN", "the reflector", None
 
     def __init__(self, run: Run) -> None:
-        self.run, self.options = run, run.config.ga
+        self.run, self.options = run, options_of(run.config, "ga")
         self.steps = self.options.ngen
         self.state_format = ga_format(run.out, run.cluster_ids, self.options.population_size)
         self.rr_state = RRState(list(run.cluster_ids))

@@ -1,5 +1,6 @@
 """The GA's own arithmetic and choices as small pure functions (seed 000 §1, §2): the
-round robin over mutation targets, the pairing of parents and the selections by name.
+round robin over mutation targets, the pairing of parents, its options and the selections
+they name.
 
 Selection draws from the global `random` module (DEAP's selectors do); the loop seeds it
 and saves its state, so a resumed run draws what an uninterrupted one would have.
@@ -13,9 +14,23 @@ from typing import Protocol, TypeVar
 
 from deap import tools
 
-from compressor_2.config import GaOptions
-
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class GaOptions:
+    """Seed 000's options (CONFIG_POPULATION_SIZE, CONFIG_NGEN, ...)."""
+
+    population_size: int
+    ngen: int
+    cxpb: float
+    mutpb: float
+    elitism_size: int
+    selection: str
+    selection_fallback: str | None  # with selection "llm"
+    tournament_size: int | None  # with a selection that draws by tournament
+    truncation_top_k: int | None  # with a selection that draws by truncation
+    mutation_scope: str
 
 
 @dataclass

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import random
+import re
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -32,7 +33,8 @@ from compressor_2.archive import Candidate, Spot
 from compressor_2.common.atomic import atomic_write_json
 from compressor_2.common.console import say
 from compressor_2.common.errors import ConfigError
-from compressor_2.config import Config, GepaOptions
+from compressor_2.config import Config
+from compressor_2.config.kconfig import MAX_LOGITS, Reader, require
 from compressor_2.data.example import Example
 from compressor_2.data.financebench import parse_indices
 from compressor_2.deltas import to_list
@@ -41,6 +43,7 @@ from compressor_2.reflector.base import MutationRequest, VectorRequest
 from compressor_2.reflector.prompts import estimated_call_tokens
 from compressor_2.resume import fields
 from compressor_2.resume.fields import FieldError
+from compressor_2.resume.identity import compared
 from compressor_2.resume.state import Member, StateFormat, candidate_ids, held_list, state_json
 from compressor_2.run.budget import Cost
 from compressor_2.run.driver import Report, Strategy
@@ -64,6 +67,55 @@ FRONT_FILE = "pareto_front.json"
 PROGRESS_PLOT = "gepa_progress.png"
 # What it writes in the run directory besides the shared services' files.
 OUTPUT_FILES = (STATE_FILE, FRONT_FILE, PROGRESS_PLOT)
+CANDIDATE_SELECTORS = ("pareto", "current_best", "epsilon_greedy")
+COMPONENT_SELECTORS = ("round_robin", "all")
+IDENTITY = compared("GEPA_", "valset_size", "valset_indices", "minibatch_size", "candidate_selector", "epsilon",
+                    "skip_perfect", "component_selector", "use_merge", "max_merge_invocations", "merge_eps",
+                    "merge_subsample", "val_overlap_floor")
+
+
+@dataclass(frozen=True)
+class GepaOptions:
+    """Seed 004's options (CONFIG_GEPA_*)."""
+
+    valset_size: int
+    valset_indices: str  # "" or pool positions such as "0-9,20"
+    minibatch_size: int
+    candidate_selector: str
+    epsilon: float
+    skip_perfect: bool
+    component_selector: str
+    use_merge: bool
+    max_merge_invocations: int
+    merge_eps: float
+    merge_subsample: int
+    val_overlap_floor: int
+
+
+def read_options(r: Reader) -> GepaOptions:
+    require(r.integer("MAX_METRIC_CALLS") > 0, "CONFIG_STRATEGY_GEPA needs CONFIG_MAX_METRIC_CALLS > 0: the metric-call "
+             "budget is GEPA's natural stopping criterion")
+    indices = r.string("GEPA_VALSET_INDICES").strip()
+    require(indices == "" or re.fullmatch(r"[0-9]+(-[0-9]+)?(\s*,\s*[0-9]+(-[0-9]+)?)*", indices) is not None,
+             f"CONFIG_GEPA_VALSET_INDICES={indices!r} must be empty or pool positions such as '0-9,20'")
+    selector = r.string("GEPA_CANDIDATE_SELECTOR").strip()
+    require(selector in CANDIDATE_SELECTORS, f"CONFIG_GEPA_CANDIDATE_SELECTOR={selector!r} is unknown; use one "
+             f"of {', '.join(CANDIDATE_SELECTORS)}")
+    component = r.string("GEPA_COMPONENT_SELECTOR").strip()
+    require(component in COMPONENT_SELECTORS, f"CONFIG_GEPA_COMPONENT_SELECTOR={component!r} is unknown; use "
+             f"one of {', '.join(COMPONENT_SELECTORS)}")
+    for low, high in re.findall(r"([0-9]+)-([0-9]+)", indices):
+        require(int(low) <= int(high), f"CONFIG_GEPA_VALSET_INDICES={indices!r} has the range {low}-{high}, which "
+                 f"runs backwards: write {high}-{low}")
+    epsilon = r.number("GEPA_EPSILON", 0, 1)
+    eps = r.number("GEPA_MERGE_EPS", 0, MAX_LOGITS)
+    return GepaOptions(
+        valset_size=r.integer("GEPA_VALSET_SIZE"), valset_indices=indices,
+        minibatch_size=r.integer("GEPA_MINIBATCH_SIZE"), candidate_selector=selector, epsilon=epsilon,
+        skip_perfect=r.flag("GEPA_SKIP_PERFECT"), component_selector=component, use_merge=r.flag("GEPA_USE_MERGE"),
+        max_merge_invocations=r.integer("GEPA_MAX_MERGE_INVOCATIONS"), merge_eps=eps,
+        merge_subsample=r.integer("GEPA_MERGE_SUBSAMPLE"), val_overlap_floor=r.integer("GEPA_VAL_OVERLAP_FLOOR"),
+    )
 
 
 def estimate(config: Config, n_examples: int) -> Cost:

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
 
 from compressor_2.config import Config
+from compressor_2.config.kconfig import MAX_LOGITS, Reader, require
 from compressor_2.deltas import clamp_rows, to_list
+from compressor_2.resume.identity import STEPS, Option, compared
 from compressor_2.run.budget import Cost
 from compressor_2.run.services import Run
 from compressor_2.strategies import options_of
@@ -24,6 +27,27 @@ from compressor_2.strategies.search import Search
 STATE_FILE = "random_state.json"
 # What it writes in the run directory besides the shared services' files.
 OUTPUT_FILES = (STATE_FILE,)
+DISTRIBUTIONS = ("normal", "uniform")
+IDENTITY = (*compared("RANDOM_", "distribution", "scale", "batch_size"),
+            Option("RANDOM_BATCHES", attrgetter("batches"), STEPS))
+
+
+@dataclass(frozen=True)
+class RandomOptions:
+    """Random search's options (CONFIG_RANDOM_*)."""
+
+    distribution: str
+    scale: float
+    batch_size: int
+    batches: int
+
+
+def read_options(r: Reader) -> RandomOptions:
+    distribution = r.string("RANDOM_DISTRIBUTION").strip()
+    require(distribution in DISTRIBUTIONS, f"CONFIG_RANDOM_DISTRIBUTION={distribution!r} is unknown; use one of "
+             f"{', '.join(DISTRIBUTIONS)}")
+    scale = r.number("RANDOM_SCALE", 0, MAX_LOGITS, above=True)
+    return RandomOptions(distribution, scale, r.integer("RANDOM_BATCH_SIZE"), r.integer("RANDOM_BATCHES"))
 
 
 def estimate(config: Config, n_examples: int) -> Cost:
