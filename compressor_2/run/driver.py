@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from compressor_2.archive import SEED_STEP
 from compressor_2.common.console import ordinal, plural, say
 from compressor_2.common.errors import ConfigError, ReflectorUnavailable, RunError
 from compressor_2.common.interrupts import signals_ignored
@@ -54,9 +55,6 @@ from compressor_2.run.idle import IdleSteps
 from compressor_2.run.services import Run, resume_command
 from compressor_2.run.watch import CallWatch
 from compressor_2.verdict.checks import standing
-
-FIRST_STEP = -1  # what a start makes is placed in the step before the first
-
 
 @dataclass(frozen=True)
 class Report:
@@ -172,7 +170,7 @@ class Driver:
             raise ConfigError(f"'{self.archive.path}' holds steps up to {last} but '{self.path}' is missing: restore "
                               "it, or move the run directory away (or choose another CONFIG_OUTPUT_DIR) to start a "
                               "fresh run")
-        self.archive.rollback(0, from_step=FIRST_STEP)
+        self.archive.rollback(0, from_step=SEED_STEP)
         self.strategy.start()
         self._save(0)
         return 0

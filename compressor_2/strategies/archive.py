@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from compressor_2.archive import Candidate, Lineage, Spot, genome_key
+from compressor_2.archive import SEED_STEP, Candidate, Lineage, Spot, genome_key
 from compressor_2.common.atomic import atomic_write_text
 from compressor_2.common.console import say, timed
 from compressor_2.common.errors import ConfigError
@@ -45,7 +45,7 @@ from compressor_2.resume.fields import FieldError
 from compressor_2.resume.identity import CONCURRENCY, STEPS, Option, compared
 from compressor_2.resume.state import StateFormat, state_json
 from compressor_2.run.budget import Cost
-from compressor_2.run.driver import FIRST_STEP, Report, Strategy
+from compressor_2.run.driver import Report, Strategy
 from compressor_2.run.services import NewCandidate, Run
 from compressor_2.strategies import options_of
 from compressor_2.strategies.archive_ops import (
@@ -268,7 +268,7 @@ class Archive(Strategy):
     def seed(self) -> None:
         """The seed candidate: the initial deltas, assessed on the pool."""
         [evaluation] = self.run.evaluate([to_list(self.run.initial)], "seed candidate")
-        [seed] = self.run.admit(FIRST_STEP, [NewCandidate(self.run.initial, "", "initial", (), 0, evaluation,
+        [seed] = self.run.admit(SEED_STEP, [NewCandidate(self.run.initial, "", "initial", (), 0, evaluation,
                                                       spot=Spot(0, "cand", 0))])
         assert seed.id is not None
         self._records[seed.id] = evaluation

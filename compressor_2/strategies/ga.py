@@ -43,7 +43,7 @@ from typing import Any
 
 from deap import base, tools
 
-from compressor_2.archive import Placement, RunArchive, Spot
+from compressor_2.archive import SEED_STEP, Placement, RunArchive, Spot
 from compressor_2.common.console import answers_bar, ordinal, say
 from compressor_2.config import Config
 from compressor_2.config.kconfig import Reader, require
@@ -56,7 +56,7 @@ from compressor_2.resume.history import Work, entry, population_stats
 from compressor_2.resume.identity import STEPS, Option, compared
 from compressor_2.resume.state import GLOBAL_RNGS, Member, StateFormat, read_member, seed_rng, state_json
 from compressor_2.run.budget import Cost
-from compressor_2.run.driver import FIRST_STEP, Report
+from compressor_2.run.driver import Report
 from compressor_2.run.services import NewCandidate, Run
 from compressor_2.strategies import options_of
 from compressor_2.strategies.ga_individual import (
@@ -224,7 +224,7 @@ class Ga:
         self.toolbox = self._toolbox()
         initial = to_list(run.initial)
         self.population = initial_population(initial, options.population_size)
-        made = run.admit(FIRST_STEP, [NewCandidate(to_dict(ind, run.cluster_ids), ind.scratchpad, "initial", (), 0,
+        made = run.admit(SEED_STEP, [NewCandidate(to_dict(ind, run.cluster_ids), ind.scratchpad, "initial", (), 0,
                                                spot=Spot(0, "pop", i)) for i, ind in enumerate(self.population)])
         for ind, candidate in zip(self.population, made):
             ind.candidate_id = candidate.id

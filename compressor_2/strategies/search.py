@@ -20,13 +20,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from compressor_2.archive import Spot
+from compressor_2.archive import SEED_STEP, Spot
 from compressor_2.common.console import plural, say
 from compressor_2.deltas import to_dict, to_list
 from compressor_2.fitness import Evaluation
 from compressor_2.resume import fields
 from compressor_2.resume.state import GLOBAL_RNGS, StateFormat, candidate_ids, held_list, seed_rng, state_json
-from compressor_2.run.driver import FIRST_STEP, Report, Strategy
+from compressor_2.run.driver import Report, Strategy
 from compressor_2.run.services import NewCandidate, Run
 
 if TYPE_CHECKING:
@@ -80,7 +80,7 @@ class Search(Strategy):
         return state
 
     def start(self) -> None:
-        [(_, seed)] = self.assess([to_list(self.run.initial)], FIRST_STEP, "initial deltas")
+        [(_, seed)] = self.assess([to_list(self.run.initial)], SEED_STEP, "initial deltas")
         seed_rng(self.run.config.seed)
         say(f"{self.name}: {self.steps} {plural(self.step_name)} on {len(self.run.examples)} training examples, "
             f"seeded by the initial deltas (fitness {seed.fitness:.4f})")
@@ -106,7 +106,7 @@ class Search(Strategy):
     def assess(self, batch: Sequence[Sequence[float]], step: int, label: str) -> list[tuple[int, Evaluation]]:
         """The batch evaluated in one engine call, archived and placed: (candidate id, evaluation)s."""
         evaluations = self.run.evaluate(batch, label)
-        operator = "initial" if step == FIRST_STEP else self.name
+        operator = "initial" if step == SEED_STEP else self.name
         added = self.run.admit(step, [NewCandidate(to_dict(genome, self.run.cluster_ids), "", operator, self.parents,
                                                    step, e, spot=Spot(step + 1, "cand", i))
                                       for i, (genome, e) in enumerate(zip(batch, evaluations))])
