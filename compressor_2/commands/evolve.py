@@ -42,7 +42,6 @@ from compressor_2.data.example import Example
 from compressor_2.deltas import Deltas, check_fingerprint, fingerprint_path, load_deltas
 from compressor_2.fitness import Evaluator, answer_context
 from compressor_2.outputs.plots import FRONT_PLOT
-from compressor_2.outputs.refresh import refresh_outputs
 from compressor_2.reflector.prompt_log import PROMPT_DIR
 from compressor_2.resume.identity import RunInputs, check_identity, check_settings, model_identity
 from compressor_2.resume.lock import run_lock
@@ -187,9 +186,9 @@ def close(run: Run, checks: Checks, reason: str) -> None:
         with contextlib.suppress(Exception), signals_ignored():
             say("the checks after the search (held-out, simpler tools) were interrupted: rerun the same command to "
                 "finish them (the answers they made are cached)")
-            refresh_outputs(run.archive, run.out, run.examples, run.heldout)
+            run.refresh_outputs()
         raise
-    report = refresh_outputs(run.archive, run.out, run.examples, run.heldout)
+    report = run.refresh_outputs()
     say(f"the front and the report: {run.out / FRONT_PLOT}, {report}")
     say(final_line(reason, run.best))
     for line in checks.closing_lines(checked):

@@ -37,7 +37,7 @@ from compressor_2.archive import SEED_STEP
 from compressor_2.common.console import ordinal, plural, say
 from compressor_2.common.errors import ConfigError, ReflectorUnavailable, RunError
 from compressor_2.common.interrupts import signals_ignored
-from compressor_2.outputs.refresh import Refresh, refresh_outputs
+from compressor_2.outputs.refresh import Refresh
 from compressor_2.reflector.prompt_log import PROMPT_DIR
 from compressor_2.resume.history import HISTORY_FILE, load_history, save_history
 from compressor_2.resume.state import (
@@ -116,7 +116,7 @@ def drive(run: Run, strategy: Strategy) -> str:
                 run.archive.event("interrupted")
             else:
                 run.archive.event("failed", error=str(exc))
-            refresh_outputs(run.archive, run.out, run.examples, run.heldout)
+            run.refresh_outputs()
         raise
 
 

@@ -21,6 +21,7 @@ from compressor_2.config import Config
 from compressor_2.data.example import Example
 from compressor_2.deltas import Deltas
 from compressor_2.fitness import Evaluation, Evaluator, evaluate_with_bar
+from compressor_2.outputs.refresh import refresh_outputs
 from compressor_2.reflector.base import Reflector
 from compressor_2.resume.state import Member
 from compressor_2.run.best import BestEver
@@ -73,6 +74,11 @@ class Run:
         if not genomes:
             return []
         return evaluate_with_bar(self.evaluator, genomes, self.examples if examples is None else examples, label)
+
+    def refresh_outputs(self) -> Path:
+        """front.png and report.html, drawn from the archive as it stands (every way out of a
+        run draws them); returns the report's path."""
+        return refresh_outputs(self.archive, self.out, self.examples, self.heldout)
 
     @functools.cached_property
     def gold_tokens(self) -> dict[str, int]:
