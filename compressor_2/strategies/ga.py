@@ -243,10 +243,8 @@ class Ga:
         # A stop inside generation 0's first evaluation left the initial candidates without
         # the fitness that generation would have recorded: the replay no longer evaluates them.
         made = self.run.archive.among([ind.candidate_id for ind in self.population])
-        for ind in self.population:
-            if made[ind.candidate_id].fitness is None:
-                e = ind.evaluation
-                self.run.archive.assess(ind.candidate_id, e.fitness, e.mean_tokens, e.correctness)
+        self.run.assess([(self.member(ind), ind.evaluation) for ind in self.population
+                         if made[ind.candidate_id].fitness is None])
         self.run.best.consider([(self.member(ind), ind.evaluation) for ind in self.population])
 
     def own_state(self) -> GaState:

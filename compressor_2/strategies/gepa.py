@@ -210,12 +210,10 @@ class Gepa(Strategy):
         members = self.run.archive.among(own.pool)
         for cid in own.pool:
             self.assess(members[cid])
-        if self.run.best.consider([(Member(dict(members[c].deltas), members[c].scratchpad, c),
-                                    replace(self.evaluations[c], fitness=self.aggregate(c))) for c in own.pool]):
-            assert self.run.best.member is not None
-            best = self.run.best.member.candidate_id
-            self.run.archive.assess(best, self.aggregate(best), self.evaluations[best].mean_tokens,
-                                    self.evaluations[best].correctness)
+        scored = [(Member(dict(members[c].deltas), members[c].scratchpad, c),
+                   replace(self.evaluations[c], fitness=self.aggregate(c))) for c in own.pool]
+        if self.run.best.consider(scored):
+            self.run.assess([(member, e) for member, e in scored if member == self.run.best.member])
 
     def own_state(self) -> GepaState:
         return replace(self.state, pareto_front=self.front_json())
