@@ -14,7 +14,8 @@ from typing import Any
 
 from compressor_2.common.json_values import as_float, shown
 
-__all__ = ["FieldError", "as_float", "integer", "number", "shown", "typed", "value"]
+__all__ = ["FieldError", "as_float", "candidate_id", "integer", "is_candidate_id", "number", "shown", "typed",
+           "value"]
 
 
 class FieldError(ValueError):
@@ -49,3 +50,15 @@ def number(obj: Mapping[str, Any], key: str, where: str = "", low: float = -math
         bounds = f" in [{low:g}, {high:g}]" if math.isfinite(low) or math.isfinite(high) else ""
         raise FieldError(f"{where}{key} is {shown(found)}, not a finite number{bounds}")
     return converted
+
+
+def is_candidate_id(found: Any) -> bool:
+    """A candidate id as JSON holds one: an integer >= 1 (not `true`)."""
+    return isinstance(found, int) and not isinstance(found, bool) and found >= 1
+
+
+def candidate_id(found: Any, where: str) -> int:
+    """`found`, read at `where`, as a candidate id (whether the archive holds it is the caller's)."""
+    if not is_candidate_id(found):
+        raise FieldError(f"{where} is {shown(found)}, not a candidate id")
+    return int(found)

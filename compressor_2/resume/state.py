@@ -214,8 +214,7 @@ def _check_best(best: Member, fitness: float | None, archive: RunArchive, determ
 def held(cid: Any, where: str, archive: RunArchive, last: int, assessed: bool = False) -> int:
     """`cid`, read at `where`: a candidate the archive held when the state was taken (at
     most `last`, its `last_candidate_id`), and with `assessed` one whose fitness it recorded."""
-    if isinstance(cid, bool) or not isinstance(cid, int) or cid < 1:
-        raise FieldError(f"{where} is {fields.shown(cid)}, not a candidate id")
+    cid = fields.candidate_id(cid, where)
     candidate = archive.candidate(cid) if cid <= last else None
     if candidate is None:
         raise FieldError(f"{where} is candidate {cid}, but '{archive.path}' does not hold it (the state was "
@@ -229,8 +228,7 @@ def candidate_ids(raw: Mapping[str, Any], key: str) -> list[int]:
     """`raw[key]`: a list of candidate ids (whether the archive holds them is `held`'s)."""
     ids = fields.typed(raw, key, list, "a list of candidate ids")
     for i, cid in enumerate(ids):
-        if isinstance(cid, bool) or not isinstance(cid, int) or cid < 1:
-            raise FieldError(f"{key}[{i}] is {fields.shown(cid)}, not a candidate id")
+        fields.candidate_id(cid, f"{key}[{i}]")
     return ids
 
 

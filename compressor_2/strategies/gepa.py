@@ -465,8 +465,7 @@ def _example_ids(raw: dict[str, Any], key: str, allowed: set[str], what: str, wh
 
 def _ids(found: Any, where: str, length: int) -> None:
     """`found`: `length` candidate ids."""
-    if (not isinstance(found, list) or len(found) != length
-            or not all(type(c) is int and c >= 1 for c in found)):
+    if not isinstance(found, list) or len(found) != length or not all(map(fields.is_candidate_id, found)):
         raise FieldError(f"{where} is {fields.shown(found)}, not {length} candidate ids")
 
 
