@@ -15,13 +15,13 @@ from compressor_2.commands.evolve import evolve
 from compressor_2.common.errors import ConfigError
 from compressor_2.strategies.gepa_pareto import (
     EpochSampler,
+    example_fronts as pareto_front,
     find_merge_triplet,
     has_desirable_component,
     is_dominated,
     merge_accepted,
     merge_components,
     mutation_accepted,
-    pareto_front,
     remove_dominated,
     select_from_front,
     stratified_subsample,

@@ -51,11 +51,11 @@ from compressor_2.run.services import NewCandidate, Run
 from compressor_2.strategies import options_of
 from compressor_2.strategies.gepa_pareto import (
     EpochSampler,
+    example_fronts,
     find_merge_triplet,
     merge_accepted,
     merge_components,
     mutation_accepted,
-    pareto_front,
     remove_dominated,
     select_from_front,
     stratified_subsample,
@@ -273,7 +273,7 @@ class Gepa(Strategy):
         return c.id
 
     def fronts(self) -> list[set[int]]:
-        return [holders for _, holders in pareto_front({c: self.val_scores[c] for c in self.state.pool}).values()]
+        return [holders for _, holders in example_fronts({c: self.val_scores[c] for c in self.state.pool}).values()]
 
     # -- the reflective mutation proposer (seed 004, steps 1-8) ------------------------------
 
@@ -400,7 +400,7 @@ class Gepa(Strategy):
     # -- records -------------------------------------------------------------------------------
 
     def front_json(self) -> dict[str, Any]:
-        front = pareto_front({c: self.val_scores[c] for c in self.state.pool})
+        front = example_fronts({c: self.val_scores[c] for c in self.state.pool})
         return {example: {"score": score, "candidates": sorted(holders)} for example, (score, holders) in
                 sorted(front.items())}
 
