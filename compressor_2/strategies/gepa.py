@@ -132,16 +132,16 @@ def make(run: Run) -> Gepa:
     return Gepa(run, options_of(run.config, "gepa"))
 
 
-def iteration(g: Gepa, t: int) -> dict[str, Any]:
+def iteration(gepa: Gepa, t: int) -> dict[str, Any]:
     # 2. The merge proposer when it is due (the last iteration found a new program and a
     # merge was scheduled); when it finds no pair, the reflective proposer runs instead.
-    if g.options.use_merge and g.state.last_found_new and g.state.merges_due > 0:
-        g.state.last_found_new = False
-        merged = g.merge(t)
+    if gepa.options.use_merge and gepa.state.last_found_new and gepa.state.merges_due > 0:
+        gepa.state.last_found_new = False
+        merged = gepa.merge(t)
         if merged is not None:
             return merged
-    g.state.last_found_new = False
-    return g.reflect(t)
+    gepa.state.last_found_new = False
+    return gepa.reflect(t)
 
 
 @dataclass
