@@ -145,3 +145,23 @@ def test_the_baselines_options_are_checked(tmp_path, shared, tiny_model_dir):
         config_for(tmp_path, shared, tiny_model_dir, **{**CMAES, "CMAES_POPULATION": "1"})
     with pytest.raises(ConfigError, match=r"CONFIG_CMAES_SIGMA=0 must be in \[1e-6, 1000\]"):
         config_for(tmp_path, shared, tiny_model_dir, **{**CMAES, "CMAES_SIGMA": '"0"'})
+
+
+def test_cma_es_names_its_step_a_generation_and_resumes_a_state_that_called_it_an_iteration(
+        tmp_path, shared, tiny_model_dir):
+    """Issue AA: CMA-ES saved its step as "iteration" and named it "generation"; it now saves
+    "generation", and a state file of an earlier compressor_2 (the same fields, the step
+    under "iteration") still resumes to the uninterrupted end."""
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    whole.mkdir()
+    split.mkdir()
+    evolve(config_for(whole, shared, tiny_model_dir, **CMAES))
+    evolve(config_for(split, shared, tiny_model_dir, **CMAES, MAX_METRIC_CALLS="10"))
+    state_path = split / "out" / "cmaes_state.json"
+    state = read_json(state_path)
+    assert "iteration" not in state and state["generation"] == 1
+    state_path.write_text(json.dumps({"iteration": state.pop("generation"), **state}))
+    evolve(config_for(split, shared, tiny_model_dir, **CMAES))
+    assert query(whole / "out", CANDIDATES) == query(split / "out", CANDIDATES)
+    assert read_json(state_path) == read_json(whole / "out" / "cmaes_state.json")
+    assert read_json(state_path)["generation"] == 3

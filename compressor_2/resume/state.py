@@ -2,7 +2,7 @@
 
 A state file is one JSON object:
 - the step to run next, under the strategy's own key (`generation` for the GA, seed 000
-  §2; `iteration` for the others);
+  §2, and CMA-ES; `iteration` for the others);
 - `rng`: exactly the generators the strategy draws from (the global `random` and numpy
   ones for the GA and the numeric baselines, its own `random.Random` for the archive and
   GEPA), so a resumed run draws what an uninterrupted one would have;
@@ -64,6 +64,7 @@ class StateFormat(Generic[S]):
     write: Callable[[S], dict[str, Any]]
     check: Callable[[S, RunArchive, int], None] = lambda own, archive, last: None
     keeps_best: bool = False
+    older_step_keys: tuple[str, ...] = ()  # what files of an earlier compressor_2 called the step, still read
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,7 @@ def read_state(path: Path, fmt: StateFormat[S], cluster_ids: Sequence[str], max_
     try:
         if not isinstance(raw, dict):
             raise FieldError(f"holds {fields.shown(raw)}, not a JSON object")
-        step = fields.integer(raw, fmt.step_key)
+        step = fields.integer(raw, _step_key(raw, fmt))
         best, best_fitness = _best(raw, path, cluster_ids, max_fitness) if fmt.keeps_best else (None, None)
         return Saved(step, _rng(raw, fmt.rngs), fields.integer(raw, "last_candidate_id"), fmt.read(raw), best,
                      best_fitness)
@@ -142,6 +143,14 @@ def read_state(path: Path, fmt: StateFormat[S], cluster_ids: Sequence[str], max_
         raise ConfigError(f"'{path}': {exc}; {FRESH_START_HINT}") from None
     except ConfigError as exc:
         raise ConfigError(f"{exc} (the clusters changed since this run started); {FRESH_START_HINT}") from None
+
+
+def _step_key(raw: Mapping[str, Any], fmt: StateFormat[S]) -> str:
+    """The key the file holds its step under: the format's, or an older one (a file of an
+    earlier compressor_2)."""
+    if fmt.step_key in raw:
+        return fmt.step_key
+    return next((key for key in fmt.older_step_keys if key in raw), fmt.step_key)
 
 
 def read_member(obj: Any, where: str, cluster_ids: Sequence[str], path: Path) -> Member:

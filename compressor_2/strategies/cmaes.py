@@ -71,8 +71,10 @@ def make(run: Run) -> Search:
     options = options_of(run.config, "cmaes")
     centre = to_list(run.initial)
     strategy = cma.Strategy(centroid=centre, sigma=options.sigma, lambda_=population_size(options, len(centre)))
+    # Its state names the step a generation, as it runs them; a file of an earlier compressor_2,
+    # which called it an iteration, still resumes.
     return Search(run, CmaesSampler(strategy), "cmaes", options.generations, STATE_FILE, "generation",
-                  "CONFIG_CMAES_GENERATIONS")
+                  "CONFIG_CMAES_GENERATIONS", step_key="generation", older_step_keys=("iteration",))
 
 
 def population_size(options: CmaesOptions, dimension: int) -> int:

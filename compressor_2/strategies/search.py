@@ -64,12 +64,12 @@ class Search(Strategy):
     proposer, progress_plot = "the sampler", None
 
     def __init__(self, run: Run, sampler: Sampler, name: str, steps: int, state_file: str, step_name: str,
-                 steps_symbol: str) -> None:
+                 steps_symbol: str, step_key: str = "iteration", older_step_keys: tuple[str, ...] = ()) -> None:
         self.run, self.sampler, self.name = run, sampler, name
         self.steps, self.step_name, self.steps_symbol = steps, step_name, steps_symbol
         self.parents: tuple[int, ...] = ()
-        self.state_format = StateFormat(state_file, "iteration", ("random", "numpy"), self.read, state_json,
-                                        check_parents)
+        self.state_format = StateFormat(state_file, step_key, ("random", "numpy"), self.read, state_json,
+                                        check_parents, older_step_keys=older_step_keys)
 
     def rngs(self) -> Mapping[str, Any]:
         return GLOBAL_RNGS
