@@ -10,7 +10,7 @@ arrays go into the state file after every generation, so a rerun resumes exactly
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
@@ -101,29 +101,37 @@ class CmaesSampler:
         return {**{name: np.asarray(getattr(s, name)).tolist() for name in _ARRAYS},
                 "sigma": float(s.sigma), "update_count": s.update_count}
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def read(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        n = len(self.strategy.centroid)
+        arrays = {name: _array(state, name, (n, n) if name == "C" else (n,)) for name in _ARRAYS}
+        checked = {"sigma": fields.number(state, "sigma", "sampler.", *SIGMA_RANGE),
+                   "update_count": fields.integer(state, "update_count", "sampler.")}
+        _decomposition(arrays["C"])  # refuses a C that is no covariance
+        return {**{name: array.tolist() for name, array in arrays.items()}, **checked}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
         s = self.strategy
-        n = len(s.centroid)
         for name in _ARRAYS:
-            setattr(s, name, _array(state, name, (n, n) if name == "C" else (n,)))
-        s.sigma = fields.number(state, "sigma", "sampler.", *SIGMA_RANGE)
-        s.update_count = fields.integer(state, "update_count", "sampler.")
-        # The decomposition exactly as `update` computes it: restored from the file, B and
-        # BD would have another memory layout, and the products drawn from them would
-        # differ in the last bits from an uninterrupted run's.
-        if not np.allclose(s.C, s.C.T):
-            raise FieldError("sampler.C is not symmetric, so not a covariance matrix")
-        diag, basis = np.linalg.eigh(s.C)
-        if diag.min() <= 0:
-            raise FieldError("sampler.C is not positive definite, so not a covariance matrix")
-        order = np.argsort(diag)
-        s.cond = diag[order[-1]] / diag[order[0]]
-        s.diagD = diag[order] ** 0.5
-        s.B = basis[:, order]
+            setattr(s, name, np.asarray(state[name], dtype=float))
+        s.sigma, s.update_count = state["sigma"], state["update_count"]
+        s.cond, s.diagD, s.B = _decomposition(s.C)
         s.BD = s.B * s.diagD
 
 
-def _array(state: dict[str, Any], name: str, shape: tuple[int, ...]) -> np.ndarray:
+def _decomposition(c: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+    """(cond, diagD, B) exactly as `deap.cma.Strategy.update` computes them from C: restored
+    from the file, B and BD would have another memory layout, and the products drawn from
+    them would differ in the last bits from an uninterrupted run's."""
+    if not np.allclose(c, c.T):
+        raise FieldError("sampler.C is not symmetric, so not a covariance matrix")
+    diag, basis = np.linalg.eigh(c)
+    if diag.min() <= 0:
+        raise FieldError("sampler.C is not positive definite, so not a covariance matrix")
+    order = np.argsort(diag)
+    return diag[order[-1]] / diag[order[0]], diag[order] ** 0.5, basis[:, order]
+
+
+def _array(state: Mapping[str, Any], name: str, shape: tuple[int, ...]) -> np.ndarray:
     """`state[name]` as a float array of `shape`, every entry finite."""
     found = fields.value(state, name, "sampler.")
     try:

@@ -8,7 +8,7 @@ archive, the budgets and resume are those of `search.py` and the run's driver.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
@@ -82,6 +82,10 @@ class RandomSampler:
     def state(self) -> dict[str, Any]:
         return {}
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def read(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        del state
+        return {}  # every draw is independent of what came before
+
+    def restore(self, state: Mapping[str, Any]) -> None:
         del state
 

@@ -46,9 +46,13 @@ class Sampler(Protocol):
 
     def state(self) -> dict[str, Any]: ...
 
-    def restore(self, state: dict[str, Any]) -> None:
-        """Takes up `state()`'s output; a field it cannot use raises FieldError naming it
-        (`sampler.NAME`)."""
+    def read(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        """A saved `state()` checked field by field, as `restore` takes it: a field it cannot
+        use raises FieldError naming it (`sampler.NAME`)."""
+        ...
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Takes up what `state()` wrote or `read` checked."""
         ...
 
 
@@ -75,9 +79,8 @@ class Search(Strategy):
         return GLOBAL_RNGS
 
     def read(self, raw: Mapping[str, Any]) -> SearchState:
-        state = SearchState(fields.typed(raw, "sampler", dict, "an object"), candidate_ids(raw, "parents"))
-        self.sampler.restore(state.sampler)  # refuses what it cannot use, naming the field
-        return state
+        return SearchState(self.sampler.read(fields.typed(raw, "sampler", dict, "an object")),
+                           candidate_ids(raw, "parents"))
 
     def start(self) -> None:
         [(_, seed)] = self.assess([to_list(self.run.initial)], SEED_STEP, "initial deltas")
