@@ -1,10 +1,10 @@
-"""history.json: one entry per generation g, describing the population entering g (what
-selection saw) and the work g did; the last entry is the final population, and holds
-`stop_reason` once the run has stopped (all generations ran, or a budget was reached).
+"""history.json: one entry per step (the GA's: the population entering generation g, what
+selection saw, and the work g did; its last entry is the final population), the last one
+holding `stop_reason` once the run has stopped (all steps ran, or a budget was reached).
 
-Entry i is generation (or iteration) i for every strategy, and the plots read the same
-fields from all of them; a resumed run checks both, and that every number is finite,
-before any work."""
+Entry i is step i for every strategy, and the plots read the same fields from all of
+them, made by one function (`step_entry`) from what the step scored; a resumed run checks
+both, and that every number is finite, before any work."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+import numpy as np
 
 from compressor_2.common.atomic import atomic_write_json
 from compressor_2.common.errors import ConfigError
@@ -44,20 +46,48 @@ class Work:
     selection: dict[str, Any] | None = None  # CONFIG_SELECTION="llm": the selector's choice
 
 
-def population_stats(generation: int, population: Sequence[Any], best_ever: float) -> dict[str, Any]:
-    fitness = [ind.fitness.values[0] for ind in population]
-    best = population[max(range(len(population)), key=fitness.__getitem__)]
-    return {
-        "generation": generation,
+class Scored(Protocol):
+    """What a step scored of one genome: an `Evaluation`, or a `Score`."""
+
+    @property
+    def fitness(self) -> float: ...
+
+    @property
+    def mean_tokens(self) -> float: ...
+
+    @property
+    def correctness(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class Score:
+    fitness: float
+    mean_tokens: float
+    correctness: float
+
+
+def step_entry(step: int, scored: Sequence[Scored], best_ever: float | None,
+               percentiles: bool = False) -> dict[str, Any]:
+    """The fields every plot reads of step `step`, from what it scored (a population, a batch,
+    a pool, an archive): the best fitness (the first of equals is the best), the mean and
+    the least, the mean tokens and correctness, the best one's tokens and correctness, and
+    the best ever; with `percentiles`, the fitness's p10, p50 and p90 (a progress plot's)."""
+    fitness = [s.fitness for s in scored]
+    best = scored[max(range(len(scored)), key=fitness.__getitem__)]
+    entry = {
+        "generation": step,
         "best_fitness": max(fitness),
         "mean_fitness": sum(fitness) / len(fitness),
         "min_fitness": min(fitness),
-        "mean_tokens": sum(ind.evaluation.mean_tokens for ind in population) / len(population),
-        "correctness": sum(ind.evaluation.correctness for ind in population) / len(population),
-        "best_mean_tokens": best.evaluation.mean_tokens,
-        "best_correctness": best.evaluation.correctness,
+        "mean_tokens": sum(s.mean_tokens for s in scored) / len(scored),
+        "correctness": sum(s.correctness for s in scored) / len(scored),
+        "best_mean_tokens": best.mean_tokens,
+        "best_correctness": best.correctness,
         "best_ever_fitness": best_ever,
     }
+    if percentiles:
+        entry.update({f"p{q}": float(np.percentile(fitness, q)) for q in (10, 50, 90)})
+    return entry
 
 
 def entry(stats: dict[str, Any], work: Work) -> dict[str, Any]:

@@ -28,8 +28,6 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from compressor_2.archive import SEED_STEP, Candidate, Lineage, Spot, genome_key
 from compressor_2.common.atomic import atomic_write_text
 from compressor_2.common.console import say, timed
@@ -42,6 +40,7 @@ from compressor_2.reflector.base import MergeRequest, MutationRequest, VectorReq
 from compressor_2.reflector.prompts import estimated_call_tokens
 from compressor_2.resume import fields
 from compressor_2.resume.fields import FieldError
+from compressor_2.resume.history import Score, step_entry
 from compressor_2.resume.identity import CONCURRENCY, STEPS, Option, compared
 from compressor_2.resume.state import StateFormat, state_json
 from compressor_2.run.budget import Cost
@@ -416,7 +415,7 @@ class Archive(Strategy):
                             f"tokens {parent.mean_tokens:.1f} -> {e.mean_tokens:.1f}, correct "
                             f"{100 * parent.correctness:.1f}% -> {100 * e.correctness:.1f}%"))
         self.run.archive.record_feedback(entries)
-        snapshot = {"generation": t, **self.census(), "proposals": proposed, "skipped": skipped,
+        snapshot = {**self.census(t), "proposals": proposed, "skipped": skipped,
                     "rejected": rejected, "accepted": len(accepted), "seconds": seconds}
         snapshot.update(zip(("metric_calls", "reflector_calls", "reflector_tokens"), self.spent()))
         with (self.run.out / SNAPSHOTS_FILE).open("a", encoding="utf-8") as handle:
@@ -428,17 +427,13 @@ class Archive(Strategy):
                                   f"one)  metric calls {snapshot['metric_calls']}  elapsed "
                                   f"{self.run.budget.seconds():.0f}s")
 
-    def census(self) -> dict[str, Any]:
-        """The archive's members as a snapshot counts them."""
+    def census(self, t: int) -> dict[str, Any]:
+        """The archive's members as iteration t's snapshot counts them."""
         members = self.members()
-        scores = [m.fitness or 0.0 for m in members]
+        scored = [Score(m.fitness or 0.0, m.mean_tokens or 0.0, m.correctness or 0.0) for m in members]
         best = max(members, key=lambda m: (m.fitness or 0.0, -(m.id or 0)))
-        return {"archive_size": len(members), "best_fitness": max(scores), "mean_fitness": float(np.mean(scores)),
-                "p10": float(np.percentile(scores, 10)), "p50": float(np.percentile(scores, 50)),
-                "p90": float(np.percentile(scores, 90)), "best_ever_fitness": self.run.best.fitness,
-                "best_candidate": best.id, "viable": len(self.viable(members)),
-                "mean_tokens": float(np.mean([m.mean_tokens or 0.0 for m in members])),
-                "best_mean_tokens": best.mean_tokens, "best_correctness": best.correctness}
+        return {**step_entry(t, scored, self.run.best.fitness, percentiles=True), "archive_size": len(members),
+                "best_candidate": best.id, "viable": len(self.viable(members))}
 
     def spent(self) -> tuple[int, int, int]:
         """(metric calls, reflector calls, reflector tokens) so far."""

@@ -52,7 +52,7 @@ from compressor_2.reflector.base import PopulationMember, Selected, SelectionReq
 from compressor_2.reflector.prompts import estimated_call_tokens
 from compressor_2.resume import fields
 from compressor_2.resume.fields import FieldError
-from compressor_2.resume.history import Work, entry, population_stats
+from compressor_2.resume.history import Work, entry, step_entry
 from compressor_2.resume.identity import STEPS, Option, compared
 from compressor_2.resume.state import GLOBAL_RNGS, Member, StateFormat, read_member, seed_rng, state_json
 from compressor_2.run.budget import Cost
@@ -153,7 +153,7 @@ def generation(ga: Ga, g: int) -> Report:
     with ga.tally() as work:
         # 1. Evaluate all (only genomes without a valid fitness cost anything), then the elites.
         ga.evaluate([ind for ind in population if not ind.fitness.valid], work, f"gen {g} population")
-        stats = population_stats(g, population, ga.best_so_far())
+        stats = ga.stats(g, population)
         elites = [toolbox.clone(ind) for ind in tools.selBest(population, options.elitism_size)]
 
         # 2. Selection: 2 x (population - elitism) parents, references into `population`.
@@ -257,7 +257,7 @@ class Ga:
         """The history ends with the population entering generation t."""
         if not all(ind.fitness.valid for ind in self.population):
             return []
-        return [entry(population_stats(t, self.population, self.best_so_far()), Work())]
+        return [entry(self.stats(t, self.population), Work())]
 
     def _toolbox(self) -> base.Toolbox:
         return make_toolbox(self.run.evaluator, self.run.reflector, make_selection(self.options),
@@ -344,13 +344,17 @@ class Ga:
         best = self.run.archive.best()
         return best.fitness if best is not None else self.run.best.fitness
 
+    def stats(self, g: int, population: Sequence[Individual]) -> dict[str, Any]:
+        """The history's fields of the population entering generation g."""
+        return step_entry(g, [ind.evaluation for ind in population], self.best_so_far())
+
     def member(self, ind: Individual) -> Member:
         return Member(to_dict(ind, self.run.cluster_ids), ind.scratchpad, ind.candidate_id)
 
     def report(self, g: int, stats: dict[str, Any], work: Work) -> Report:
         """Generation g's history entries (the population it saw and the work it did; the
         population it leaves) and its line."""
-        final = population_stats(g + 1, self.population, self.best_so_far())
+        final = self.stats(g + 1, self.population)
         return Report([entry(stats, work), entry(final, Work())],
                       generation_line(g, self.options.ngen, final, entry(stats, work), self.run.budget.seconds()))
 

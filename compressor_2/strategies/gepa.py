@@ -27,8 +27,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import numpy as np
-
 from compressor_2.archive import Candidate, Spot
 from compressor_2.common.atomic import atomic_write_json
 from compressor_2.common.console import say
@@ -43,6 +41,7 @@ from compressor_2.reflector.base import MutationRequest, VectorRequest
 from compressor_2.reflector.prompts import estimated_call_tokens
 from compressor_2.resume import fields
 from compressor_2.resume.fields import FieldError
+from compressor_2.resume.history import step_entry
 from compressor_2.resume.identity import compared
 from compressor_2.resume.state import Member, StateFormat, candidate_ids, held_list, state_json
 from compressor_2.run.budget import Cost
@@ -221,20 +220,15 @@ class Gepa(Strategy):
     def step(self, t: int) -> Report:
         """Iteration t, then its history entry, the front and its line."""
         record = iteration(self, t)
-        aggregates = [self.aggregate(c) for c in self.state.pool]
-        best = max(self.state.pool, key=lambda c: (self.aggregate(c), -c))
-        entry = {"generation": t, **record, "pool": len(self.state.pool), "best_fitness": max(aggregates),
-                 "mean_fitness": statistics.fmean(aggregates), "best_ever_fitness": self.run.best.fitness,
-                 "p10": float(np.percentile(aggregates, 10)), "p50": float(np.percentile(aggregates, 50)),
-                 "p90": float(np.percentile(aggregates, 90)),
-                 "mean_tokens": statistics.fmean(self.evaluations[c].mean_tokens for c in self.state.pool),
-                 "best_mean_tokens": self.evaluations[best].mean_tokens, "merges_due": self.state.merges_due,
+        scored = [replace(self.evaluations[c], fitness=self.aggregate(c)) for c in self.state.pool]
+        entry = {**step_entry(t, scored, self.run.best.fitness, percentiles=True), **record,
+                 "pool": len(self.state.pool), "merges_due": self.state.merges_due,
                  "merges_tested": self.state.merges_tested, "metric_calls": self.run.archive.metric_calls()}
         atomic_write_json(self.run.out / FRONT_FILE, self.front_json())
         kept = "kept" if record.get("accepted") else record.get("skipped", "rejected")
         scores = (f" ({record['before']:.4f} -> {record['after']:.4f})" if "after" in record else "")
         return Report([entry], f"iteration {t}: {record['proposer']} {kept}{scores}  pool {len(self.state.pool)}  best "
-                               f"{max(aggregates):.4f}  metric calls {entry['metric_calls']}  elapsed "
+                               f"{entry['best_fitness']:.4f}  metric calls {entry['metric_calls']}  elapsed "
                                f"{self.run.budget.seconds():.0f}s")
 
     # -- pool -------------------------------------------------------------------------------

@@ -15,7 +15,6 @@ it, replaying an interrupted step from the archive's answers.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -25,6 +24,7 @@ from compressor_2.common.console import plural, say
 from compressor_2.deltas import to_dict, to_list
 from compressor_2.fitness import Evaluation
 from compressor_2.resume import fields
+from compressor_2.resume.history import step_entry
 from compressor_2.resume.state import GLOBAL_RNGS, StateFormat, candidate_ids, held_list, seed_rng, state_json
 from compressor_2.run.driver import Report, Strategy
 from compressor_2.run.services import NewCandidate, Run
@@ -116,13 +116,7 @@ class Search(Strategy):
         return [(c.id or 0, e) for c, e in zip(added, evaluations)]
 
     def entry(self, t: int, assessed: Sequence[Evaluation]) -> dict[str, Any]:
-        fitness = [e.fitness for e in assessed]
-        best = assessed[max(range(len(assessed)), key=fitness.__getitem__)]
-        return {"generation": t, "best_fitness": max(fitness), "mean_fitness": statistics.fmean(fitness),
-                "min_fitness": min(fitness), "mean_tokens": statistics.fmean(e.mean_tokens for e in assessed),
-                "correctness": statistics.fmean(e.correctness for e in assessed),
-                "best_mean_tokens": best.mean_tokens, "best_correctness": best.correctness,
-                "best_ever_fitness": self.run.best.fitness, "metric_calls": self.run.archive.metric_calls(),
+        return {**step_entry(t, assessed, self.run.best.fitness), "metric_calls": self.run.archive.metric_calls(),
                 "seconds": round(self.run.budget.seconds(), 3)}
 
 
