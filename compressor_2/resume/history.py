@@ -1,6 +1,8 @@
 """history.json: one entry per step (the GA's: the population entering generation g, what
 selection saw, and the work g did; its last entry is the final population), the last one
-holding `stop_reason` once the run has stopped (all steps ran, or a budget was reached).
+holding `stop_reason` once the run has stopped (all steps ran, or a budget was reached);
+and a strategy's own step log, its entries as JSON lines (the archive strategy's
+snapshots.jsonl), appended to after every step.
 
 Entry i is step i for every strategy, and the plots read the same fields from all of
 them, made by one function (`step_entry`) from what the step scored; a resumed run checks
@@ -17,7 +19,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from compressor_2.common.atomic import atomic_write_json
+from compressor_2.common.atomic import atomic_write_json, atomic_write_text
 from compressor_2.common.errors import ConfigError
 from compressor_2.resume import fields
 from compressor_2.resume.fields import FieldError
@@ -135,3 +137,32 @@ def _check(entries: Any) -> None:
 
 def save_history(path: Path, entries: Sequence[dict[str, Any]]) -> None:
     atomic_write_json(path, list(entries))
+
+
+def append_log(path: Path, entries: Sequence[dict[str, Any]]) -> None:
+    """A step's entries, one JSON line each, at the end of the step log `path`."""
+    with path.open("a", encoding="utf-8") as handle:
+        handle.writelines(json.dumps(entry) + "\n" for entry in entries)
+
+
+def truncate_log(path: Path, before: int) -> None:
+    """The step log without the lines of steps from `before` on, which a resume replays; a
+    line it cannot read is refused, naming it."""
+    if not path.exists():
+        return
+    kept = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+            step = fields.integer(entry, "generation") if isinstance(entry, dict) else None
+        except (ValueError, FieldError) as exc:
+            raise ConfigError(f"'{path}' line {number}: {exc}; remove the line, or move the run directory away "
+                              "to start a fresh run") from None
+        if step is None:
+            raise ConfigError(f"'{path}' line {number} is not a JSON object; remove the line, or move the run "
+                              "directory away to start a fresh run")
+        if step < before:
+            kept.append(line)
+    atomic_write_text(path, "".join(line + "\n" for line in kept))

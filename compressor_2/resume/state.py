@@ -65,6 +65,9 @@ class StateFormat(Generic[S]):
     check: Callable[[S, RunArchive, int], None] = lambda own, archive, last: None
     keeps_best: bool = False
     older_step_keys: tuple[str, ...] = ()  # what files of an earlier compressor_2 called the step, still read
+    # A JSON-lines log of the steps' history entries beside the state, kept by the run's
+    # driver: a resume drops the lines of the steps it replays.
+    log: str | None = None
 
 
 @dataclass(frozen=True)

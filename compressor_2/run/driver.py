@@ -30,16 +30,17 @@ import contextlib
 import copy
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from compressor_2.archive import SEED_STEP
+from compressor_2.common.atomic import atomic_write_json
 from compressor_2.common.console import ordinal, plural, say
 from compressor_2.common.errors import ConfigError, ReflectorUnavailable, RunError
 from compressor_2.common.interrupts import signals_ignored
 from compressor_2.outputs.refresh import Refresh
 from compressor_2.reflector.prompt_log import PROMPT_DIR
-from compressor_2.resume.history import HISTORY_FILE, load_history, save_history
+from compressor_2.resume.history import HISTORY_FILE, append_log, load_history, save_history, truncate_log
 from compressor_2.resume.state import (
     Member,
     Saved,
@@ -59,10 +60,12 @@ from compressor_2.verdict.checks import standing
 @dataclass(frozen=True)
 class Report:
     """What a step did: the history's entries from that step on (the GA's second one is
-    the population it leaves), and its line."""
+    the population it leaves), its line, and the JSON files it leaves in the run directory,
+    by name (GEPA's front), which the driver writes with the history."""
 
     entries: list[dict[str, Any]]
     line: str
+    files: Mapping[str, Any] = field(default_factory=dict)
 
 
 class Strategy(Protocol):
@@ -183,6 +186,8 @@ class Driver:
         restore_rngs(saved.rng, self.strategy.rngs())
         self.run.best.restore(*self._recorded_best(saved))
         before = self.run.best.fitness
+        if self.strategy.state_format.log is not None:  # its lines of the steps a resume replays go
+            truncate_log(self.run.out / self.strategy.state_format.log, saved.step)
         self.strategy.restore(copy.deepcopy(saved.own), saved.step)  # the steps change theirs; the saved state stays
         self.saved = saved
         if self.run.best.fitness != before:  # a sampled re-evaluation beat it: the state keeps it
@@ -269,6 +274,10 @@ class Driver:
         between the two never loses a finished step's records), the outputs, the line."""
         self.history[t:] = report.entries
         save_history(self.run.out / HISTORY_FILE, self.history)
+        if self.strategy.state_format.log is not None:
+            append_log(self.run.out / self.strategy.state_format.log, report.entries)
+        for name, document in report.files.items():
+            atomic_write_json(self.run.out / name, document)
         self._save(t + 1)
         self.refresh.after_step(self.history)
         say(report.line)

@@ -25,21 +25,16 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
-from pathlib import Path
 from typing import Any
 
 from compressor_2.archive import SEED_STEP, Candidate, Lineage, Spot, genome_key
-from compressor_2.common.atomic import atomic_write_text
 from compressor_2.common.console import say, timed
-from compressor_2.common.errors import ConfigError
 from compressor_2.config import Config
 from compressor_2.config.kconfig import MAX_LOGITS, Reader, decimal, require, shown_number
 from compressor_2.deltas import to_list
 from compressor_2.fitness import Evaluation, Record
 from compressor_2.reflector.base import MergeRequest, MutationRequest, VectorRequest
 from compressor_2.reflector.prompts import estimated_call_tokens
-from compressor_2.resume import fields
-from compressor_2.resume.fields import FieldError
 from compressor_2.resume.history import Score, step_entry
 from compressor_2.resume.identity import CONCURRENCY, STEPS, Option, compared
 from compressor_2.resume.state import StateFormat, state_json
@@ -219,7 +214,9 @@ class Archive(Strategy):
 
     step_name, steps_symbol, proposer = "iteration", "CONFIG_ARCHIVE_ITERATIONS", "the reflector"
     progress_plot = PROGRESS_PLOT
-    state_format = StateFormat(STATE_FILE, "iteration", ("random",), lambda raw: NoState(), state_json)
+    # The snapshots: its history entries, one JSON line per iteration (seed 003's telemetry).
+    state_format = StateFormat(STATE_FILE, "iteration", ("random",), lambda raw: NoState(), state_json,
+                               log=SNAPSHOTS_FILE)
 
     def __init__(self, run: Run, options: ArchiveOptions) -> None:
         self.run, self.options = run, options
@@ -241,9 +238,7 @@ class Archive(Strategy):
             "per iteration)")
 
     def restore(self, own: NoState, t: int) -> None:
-        """The snapshots of the iterations a resume replays are written again."""
-        del own
-        _truncate_snapshots(self.run.out / SNAPSHOTS_FILE, t)
+        del own, t
         self.settle_viability()
 
     def own_state(self) -> NoState:
@@ -418,8 +413,6 @@ class Archive(Strategy):
         snapshot = {**self.census(t), "proposals": proposed, "skipped": skipped,
                     "rejected": rejected, "accepted": len(accepted), "seconds": seconds}
         snapshot.update(zip(("metric_calls", "reflector_calls", "reflector_tokens"), self.spent()))
-        with (self.run.out / SNAPSHOTS_FILE).open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(snapshot) + "\n")
         return Report([snapshot], f"iteration {t + 1} of {self.options.iterations}: archive "
                                   f"{snapshot['archive_size']} ({snapshot['viable']} viable)  best "
                                   f"{snapshot['best_fitness']:.4f}  p50 {snapshot['p50']:.4f}  proposals {proposed} "
@@ -491,30 +484,3 @@ def crossover_generator(a: Archive, job: Job) -> Proposal | None:
 GENERATORS: dict[str, Callable[[Archive, Job], Proposal | None]] = {
     "cluster": cluster_generator, "vector": vector_generator, "crossover": crossover_generator,
 }
-
-
-# -- helpers --------------------------------------------------------------------------------
-
-
-
-def _truncate_snapshots(path: Path, before: int) -> None:
-    """A resumed run rewrites the snapshots of the iteration it replays; a line it cannot
-    read is refused, naming it."""
-    if not path.exists():
-        return
-    kept = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            snapshot = json.loads(line)
-            generation = fields.integer(snapshot, "generation") if isinstance(snapshot, dict) else None
-        except (ValueError, FieldError) as exc:
-            raise ConfigError(f"'{path}' line {number}: {exc}; remove the line, or move the run directory away "
-                              "to start a fresh run") from None
-        if generation is None:
-            raise ConfigError(f"'{path}' line {number} is not a JSON object; remove the line, or move the run "
-                              "directory away to start a fresh run")
-        if generation < before:
-            kept.append(line)
-    atomic_write_text(path, "".join(line + "\n" for line in kept))

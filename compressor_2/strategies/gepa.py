@@ -28,7 +28,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from compressor_2.archive import Candidate, Spot
-from compressor_2.common.atomic import atomic_write_json
 from compressor_2.common.console import say
 from compressor_2.common.errors import ConfigError
 from compressor_2.config import Config
@@ -224,12 +223,12 @@ class Gepa(Strategy):
         entry = {**step_entry(t, scored, self.run.best.fitness, percentiles=True), **record,
                  "pool": len(self.state.pool), "merges_due": self.state.merges_due,
                  "merges_tested": self.state.merges_tested, "metric_calls": self.run.archive.metric_calls()}
-        atomic_write_json(self.run.out / FRONT_FILE, self.front_json())
         kept = "kept" if record.get("accepted") else record.get("skipped", "rejected")
         scores = (f" ({record['before']:.4f} -> {record['after']:.4f})" if "after" in record else "")
-        return Report([entry], f"iteration {t}: {record['proposer']} {kept}{scores}  pool {len(self.state.pool)}  best "
-                               f"{entry['best_fitness']:.4f}  metric calls {entry['metric_calls']}  elapsed "
-                               f"{self.run.budget.seconds():.0f}s")
+        line = (f"iteration {t}: {record['proposer']} {kept}{scores}  pool {len(self.state.pool)}  best "
+                f"{entry['best_fitness']:.4f}  metric calls {entry['metric_calls']}  elapsed "
+                f"{self.run.budget.seconds():.0f}s")
+        return Report([entry], line, files={FRONT_FILE: self.front_json()})
 
     # -- pool -------------------------------------------------------------------------------
 
