@@ -200,3 +200,16 @@ def test_config_defaults_to_dot_config_in_the_current_directory(tmp_path: Path) 
     missing = subprocess.run([sys.executable, "-m", "compressor_2", "check-config"], capture_output=True,
                              text=True, cwd=tmp_path / "..", timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert missing.returncode == 2 and "config file '.config' not found" in missing.stderr
+
+
+def test_the_descriptions_default_to_the_cluster_directory_and_an_explicit_path_is_kept(tmp_path: Path) -> None:
+    """Issue AA, item 5: CONFIG_CLUSTER_DESCRIPTIONS_PATH empty (its default) means
+    cluster_descriptions.json inside CONFIG_CLUSTER_DIR, wherever that directory is."""
+    moved = load_config(write_config(tmp_path, f'CONFIG_CLUSTER_DIR="{tmp_path / "elsewhere"}"\n'
+                                               'CONFIG_CLUSTER_DESCRIPTIONS_PATH=""\n'))
+    assert moved.cluster_descriptions_path == tmp_path / "elsewhere" / "cluster_descriptions.json"
+    assert load_config(write_config(tmp_path, "")).cluster_descriptions_path == Path(
+        "outputs/clusters/cluster_descriptions.json")
+    given = load_config(write_config(tmp_path, f'CONFIG_CLUSTER_DIR="{tmp_path / "elsewhere"}"\n'
+                                               f'CONFIG_CLUSTER_DESCRIPTIONS_PATH="{tmp_path / "mine.json"}"\n'))
+    assert given.cluster_descriptions_path == tmp_path / "mine.json"

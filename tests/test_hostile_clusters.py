@@ -115,3 +115,14 @@ def test_initial_deltas_from_another_cluster_build_are_refused(tmp_path, shared,
     assert len(err) == 1 and f"'{initial}' was made for clusters {cluster_map_digest(mine)[:12]}" in err[0], err
     assert "initial_deltas.clusters.json' to start from these deltas anyway" in err[0]
     assert not (tmp_path / "out" / "run.sqlite").exists()
+
+
+def test_descriptions_left_at_their_default_follow_a_moved_cluster_directory(tmp_path, shared, tiny_model_dir):
+    """Issue AA, item 5: a user who moves CONFIG_CLUSTER_DIR and leaves
+    CONFIG_CLUSTER_DESCRIPTIONS_PATH at its default (empty) builds the descriptions inside
+    the new directory, rather than being refused another build's file."""
+    moved = tmp_path / "moved_clusters"
+    config = write_config(tmp_path, shared, tiny_model_dir, CLUSTER_DIR=f'"{moved}"', CLUSTER_DESCRIPTIONS_PATH=None,
+                          INITIAL_DELTAS_PATH=f'"{moved / "initial_deltas.json"}"')
+    assert main(["build-clusters", "--config", str(config)]) == 0
+    assert set(read_json(moved / "cluster_descriptions.json")) == set(read_json(moved / "initial_deltas.json"))

@@ -30,6 +30,7 @@ MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 100.0
 MAX_INSTRUCTION = 2000  # characters of CONFIG_COMPARE_INSTRUCTION
 # What the transformers engine can run on: `meta` holds no weights, and a typo such as `gpu` is no device.
 DEVICES = r"auto|cpu|mps|(cuda|xpu)(:[0-9]+)?"
+DESCRIPTIONS_FILE = "cluster_descriptions.json"  # in CONFIG_CLUSTER_DIR, unless CONFIG_CLUSTER_DESCRIPTIONS_PATH says
 INDICES = r"all|[0-9]+(-[0-9]+)?(\s*,\s*[0-9]+(-[0-9]+)?)*"  # a pool's or held-out set's lines: 'all' or '0,3,5-9'
 
 
@@ -209,8 +210,7 @@ def _checked(r: Reader) -> dict[str, Any]:
         )
     api = r.string("SGLANG_API").strip()
     require(api in SGLANG_APIS, f"CONFIG_SGLANG_API={api!r} is unknown; use one of {', '.join(SGLANG_APIS)}")
-    for name in ("OUTPUT_DIR", "CLUSTER_DIR", "CLUSTER_DESCRIPTIONS_PATH", "MODEL_PATH",
-                 "FINANCEBENCH_JSONL_PATH", "EMBEDDING_MODEL"):
+    for name in ("OUTPUT_DIR", "CLUSTER_DIR", "MODEL_PATH", "FINANCEBENCH_JSONL_PATH", "EMBEDDING_MODEL"):
         require(r.string(name).strip() != "", f"CONFIG_{name} is empty")
 
     device = r.string("TRANSFORMERS_DEVICE")
@@ -228,7 +228,7 @@ def _paths_and_data(r: Reader, checked: dict[str, Any]) -> dict[str, Any]:
     return dict(
         output_dir=Path(r.string("OUTPUT_DIR")),
         cluster_dir=Path(r.string("CLUSTER_DIR")),
-        cluster_descriptions_path=Path(r.string("CLUSTER_DESCRIPTIONS_PATH")),
+        cluster_descriptions_path=_descriptions_path(r),
         initial_deltas_path=Path(r.string("INITIAL_DELTAS_PATH")),
         financebench_jsonl_path=Path(r.string("FINANCEBENCH_JSONL_PATH")),
         pool_indices=checked["pool_indices"],
@@ -239,6 +239,13 @@ def _paths_and_data(r: Reader, checked: dict[str, Any]) -> dict[str, Any]:
         compare_simple=r.flag("COMPARE_SIMPLE"),
         compare_instruction=checked["compare_instruction"],
     )
+
+
+def _descriptions_path(r: Reader) -> Path:
+    """CONFIG_CLUSTER_DESCRIPTIONS_PATH; empty: the descriptions inside CONFIG_CLUSTER_DIR,
+    which follow the directory wherever it moves."""
+    given = r.string("CLUSTER_DESCRIPTIONS_PATH").strip()
+    return Path(given) if given else Path(r.string("CLUSTER_DIR")) / DESCRIPTIONS_FILE
 
 
 def _engine(r: Reader, checked: dict[str, Any]) -> dict[str, Any]:
