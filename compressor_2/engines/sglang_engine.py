@@ -11,8 +11,8 @@ the URLs it was given.
 Before any work, every server is checked (`sglang_facts`: no speculative decoding, the
 right model, deterministic as CONFIG_SGLANG_DETERMINISTIC says; behind a router, every
 worker it lists), every prompt of the run is tokenized and checked against the served
-context, and a steering probe, sent to every server, every worker and every router, must
-find every token of an answer steered. A server or worker gets the run's by-reference
+context, and a steering probe (`sglang_probe`), sent to every server, every worker and
+every router, must find every token of an answer steered. A server or worker gets the run's by-reference
 processor string only after a probe with a string no server can die of
 (`steering.guarded`) found that it imports compressor_2.
 """
@@ -38,11 +38,21 @@ from compressor_2.engines.sglang_facts import (
     STATED_SAMPLING,
     Router,
     ServerFacts,
-    Unreachable,
     answer_room,
+    check_attached,
     check_facts,
     radix_warning,
     read_server,
+    worker_facts,
+)
+from compressor_2.engines.sglang_probe import (
+    PROBE_DELTA,
+    PROBE_PROMPT,
+    PROBE_TOKENS,
+    cannot_import,
+    check_steered,
+    ignored,
+    probe_cluster,
 )
 from compressor_2.engines.sglang_server import SGLangServer
 from compressor_2.steering.guarded import guarded_spec
@@ -59,11 +69,6 @@ RETRY_BACKOFF = 0.5  # seconds before the first retry, doubled for each next one
 # A request past CONFIG_SGLANG_REQUEST_TIMEOUT is sent again this many times (on the next
 # URL when attached to several) before the run stops: one slow answer is not a dead server.
 TIMEOUT_RETRIES = 2
-PROBE_PROMPT = "Hello"
-PROBE_DELTA = 1000.0  # far beyond any logit gap: every token's cluster is forced
-# Enough tokens that a server steering only an answer's first one (speculative decoding)
-# cannot pass by chance: each later token would have to fall in the probe's cluster too.
-PROBE_TOKENS = 8
 
 
 class _ServerLost(Exception):
@@ -78,40 +83,6 @@ def load_tokenizer(model_path: str) -> Any:
     except (OSError, ValueError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ConfigError(f"CONFIG_MODEL_PATH={model_path!r}: cannot load the tokenizer: {first}") from None
-
-
-def check_attached(urls: Sequence[str], timeout: float) -> None:
-    """Fail before any work when a configured server is down or still starting."""
-    with httpx.Client(timeout=timeout) as client:
-        for url in urls:
-            try:
-                status = client.get(url + "/health_generate").status_code
-                if status == 404:
-                    status = client.get(url + "/health").status_code
-            except httpx.TransportError as exc:
-                raise RunError(
-                    f"CONFIG_SGLANG_URLS: cannot reach {url} ({type(exc).__name__}: {exc})") from None
-            if status != 200:
-                raise RunError(
-                    f"CONFIG_SGLANG_URLS: {url} is not ready (HTTP {status} from its health check)")
-
-
-def _worker_facts(client: httpx.Client, router: str, worker: str) -> ServerFacts | None:
-    """What the router's worker is, asked directly (a router forwards no /server_info);
-    None, with a warning, for a worker that cannot be reached: the router fails over from
-    a dead worker, and a run goes on through the others."""
-    try:
-        found = read_server(client, worker)
-    except Unreachable as exc:
-        logger.warning("warning: the router at %s routes to %s, which cannot be reached (%s): it is left "
-                       "unchecked and unprobed; if it comes back, the router sends it requests nothing here "
-                       "checked (remove it from the router, or restart the run once it is back)", router, worker,
-                       exc)
-        return None
-    if isinstance(found, Router):
-        raise ConfigError(f"the router at {router} routes to {worker}, another router: give it the "
-                          "SGLang servers themselves")
-    return found
 
 
 def _error_message(response: httpx.Response) -> str:
@@ -235,7 +206,7 @@ class SGLangEngine:
             for router, workers in self.routers.items():
                 for worker in workers:
                     check_loopback(worker, config, f"the router at {router} routes to")
-                reached = {worker: _worker_facts(client, router, worker) for worker in workers}
+                reached = {worker: worker_facts(client, router, worker) for worker in workers}
                 self.routers[router] = tuple(worker for worker, fact in reached.items() if fact is not None)
                 facts += [fact for fact in reached.values() if fact is not None]
         for router, workers in self.routers.items():
@@ -284,13 +255,6 @@ class SGLangEngine:
             f"exceeds the served model's context of {self.context} tokens (SGLang keeps 2 of them, and cuts "
             "or refuses answers past the rest); lower CONFIG_EVIDENCE_MAX_CHARS or CONFIG_MAX_NEW_TOKENS")
 
-    def _probe_cluster(self) -> int:
-        """The smallest cluster that has tokens: the least likely to be chosen unsteered."""
-        mapped = self.clusters.token_clusters[self.clusters.token_clusters >= 0]  # unsteered tokens: none
-        counts = np.bincount(mapped, minlength=len(self.clusters.cluster_ids))
-        sizes = np.where(counts > 0, counts, np.iinfo(counts.dtype).max)
-        return int(np.argmin(sizes[: len(self.clusters.cluster_ids)]))
-
     def check_steering(self) -> None:
         """Fail before any work when a server, worker or router ignores the deltas, or
         steers only some tokens, and never kill a server that cannot load the processor.
@@ -299,19 +263,17 @@ class SGLangEngine:
         (SGLang unpickles it in its scheduler); one that cannot read the cluster map leaves
         the logits unchanged (the processor never raises), which would make a whole
         evolution measure nothing; one running speculative decoding steers only an
-        answer's first token; a router may drop the deltas on their way. Each probe is two
-        greedy requests of PROBE_TOKENS tokens (ignore_eos) that push the smallest cluster
-        to +1000 and then -1000: every token of the first must come from that cluster, and
-        no token of the second. Every server and every worker behind a router is probed
-        directly, first with `guarded_spec()` and the map inside the request (it steers
-        only where compressor_2 imports, and kills no server), then with the run's own
-        string and map path; then every router.
+        answer's first token; a router may drop the deltas on their way. Every server and
+        every worker behind a router is probed directly (`sglang_probe`), first with
+        `guarded_spec()` and the map inside the request (it steers only where compressor_2
+        imports, and kills no server), then with the run's own string and map path; then
+        every router.
         """
         # First: building a body for a prompt without a text form on /v1/completions raises a
         # bare ValueError (CompletionsApi.body), where this names the probe and the fix.
         prompt = self._prompt(PROBE_PROMPT)
         self._check_sendable("the steering probe", prompt)
-        cluster = self._probe_cluster()
+        cluster = probe_cluster(self.clusters)
         members = set(np.flatnonzero(self.clusters.token_clusters == cluster).tolist())
         name = self.clusters.cluster_ids[cluster]
         guarded = self.probe_bodies(cluster, guarded_spec(), {"cluster_map": encode_cluster_map(
@@ -319,12 +281,13 @@ class SGLangEngine:
         own = self.probe_bodies(cluster)
         direct = [url for url in self.urls if url not in self.routers]
         workers = [worker for listed in self.routers.values() for worker in listed]
+        path = self.clusters.token_clusters_path
         with httpx.Client(timeout=self.request_timeout) as client:
             for url in [*direct, *workers]:
-                self._probe(client, url, prompt, members, guarded, self._cannot_import(url))
-                self._probe(client, url, prompt, members, own, self._ignored(url, name))
+                self._probe(client, url, prompt, members, guarded, cannot_import(url, self.server, self.api.name))
+                self._probe(client, url, prompt, members, own, ignored(url, name, False, self.api.name, path))
             for url in self.routers:
-                self._probe(client, url, prompt, members, own, self._ignored(url, name))
+                self._probe(client, url, prompt, members, own, ignored(url, name, True, self.api.name, path))
 
     def _probe(self, client: httpx.Client, url: str, prompt: ChatPrompt, members: set[int],
                bodies: list[dict[str, Any]], refusal: str) -> None:
@@ -335,45 +298,7 @@ class SGLangEngine:
             server = self.server
             died = f"; {server.failure_summary()}" if server and not server.alive() else ""
             raise RunError(f"{url}{self.api.path} failed: {type(exc).__name__}: {exc}{died}") from None
-        outside = sum(token not in members for token in up)
-        if not outside and not any(token in members for token in down):
-            return
-        if up[0] in members and down[0] not in members:
-            raise RunError(
-                f"{url} steers only the first token of an answer ({outside} of {len(up)} probe tokens escaped "
-                f"the probe's cluster at +{PROBE_DELTA:g}): speculative decoding? its verification never calls "
-                "the custom logit processor; restart the server without --speculative-* flags")
-        raise RunError(refusal)
-
-    def _cannot_import(self, url: str) -> str:
-        """The refusal of a server that failed the guarded probe: what it needs."""
-        what = (f"{url} cannot load compressor_2's steering processor: the probe's string, which loads on any SGLang "
-                "server, steered nothing there, so the server's Python cannot import compressor_2 (the run's own "
-                "string, by reference, would have killed the server)")
-        if self.server is not None:
-            return (f"{what}; CONFIG_SGLANG_COMMAND runs {self.server.command[0]}: start it with python (the "
-                    "interpreter that runs compressor_2), or install compressor_2 into that interpreter")
-        proxy = ("; or a router or proxy in front of it drops custom_params (attach to the server itself)"
-                 if self.api.name == "generate" else "")
-        return (f"{what}. Install this compressor_2 into the Python environment the server runs in (with that "
-                f"environment's pip: pip install --no-deps <this checkout>) and restart the server{proxy}")
-
-    def _ignored(self, url: str, cluster: str) -> str:
-        """The probe's refusal of `url`, naming what can drop the deltas and what fixes it."""
-        what = (f"{url} ignores the steering deltas (cluster {cluster} at +{PROBE_DELTA:g} and "
-                f"-{PROBE_DELTA:g} does not decide the probe's tokens)")
-        generate = self.api.name == "generate"
-        if url in self.routers:  # its workers passed the same probe
-            if generate:
-                return (f"{what}, while the workers it routes to steer: it is an SGLang router, which drops "
-                        "sampling_params.custom_params from /generate (sglang-router 0.3.2 does); set "
-                        "CONFIG_SGLANG_API=completions (or auto), which sends them at the top level of "
-                        "/v1/completions")
-            return (f"{what}, while the workers it routes to steer: this router drops custom_params from "
-                    "/v1/completions; list its workers in CONFIG_SGLANG_URLS instead")
-        return (f"{what}, although it steers with the map sent inside the request: it cannot read "
-                f"{self.clusters.token_clusters_path}, or that file now holds other clusters (see its log); a "
-                "server on another machine needs CONFIG_CLUSTER_DIR copied to the same absolute path there")
+        check_steered(url, up, down, members, refusal)
 
     def probe_bodies(self, cluster: int, processor: str | None = None,
                      params: dict[str, Any] | None = None) -> list[dict[str, Any]]:

@@ -3,7 +3,8 @@ a run: no speculative decoding (its verification never calls the custom logit pr
 deterministic inference when CONFIG_SGLANG_DETERMINISTIC says so (the answer cache then
 holds a genome's one answer), the model of CONFIG_MODEL_PATH, no preferred sampling field
 a request leaves to the server, and the context every prompt must fit in; and what its
-missing radix cache costs.
+missing radix cache costs. An attached server must first pass its health check
+(`check_attached`), and a router's workers are read one by one (`worker_facts`).
 
 Read from `/server_info` and `/model_info` (their `/get_*` names on older servers) and
 `/v1/models`, as SGLang 0.5.23 answers them. SGLang's router (sglang-router) has none of
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -223,3 +225,37 @@ def answer_room(prompt_tokens: int, context: int) -> int:
     if prompt_tokens >= max_req_len - 5:
         return 0
     return max_req_len - prompt_tokens - 1
+
+
+def check_attached(urls: Sequence[str], timeout: float) -> None:
+    """Fail before any work when a configured server is down or still starting."""
+    with httpx.Client(timeout=timeout) as client:
+        for url in urls:
+            try:
+                status = client.get(url + "/health_generate").status_code
+                if status == 404:
+                    status = client.get(url + "/health").status_code
+            except httpx.TransportError as exc:
+                raise RunError(
+                    f"CONFIG_SGLANG_URLS: cannot reach {url} ({type(exc).__name__}: {exc})") from None
+            if status != 200:
+                raise RunError(
+                    f"CONFIG_SGLANG_URLS: {url} is not ready (HTTP {status} from its health check)")
+
+
+def worker_facts(client: httpx.Client, router: str, worker: str) -> ServerFacts | None:
+    """What the router's worker is, asked directly (a router forwards no /server_info);
+    None, with a warning, for a worker that cannot be reached: the router fails over from
+    a dead worker, and a run goes on through the others."""
+    try:
+        found = read_server(client, worker)
+    except Unreachable as exc:
+        logger.warning("warning: the router at %s routes to %s, which cannot be reached (%s): it is left "
+                       "unchecked and unprobed; if it comes back, the router sends it requests nothing here "
+                       "checked (remove it from the router, or restart the run once it is back)", router, worker,
+                       exc)
+        return None
+    if isinstance(found, Router):
+        raise ConfigError(f"the router at {router} routes to {worker}, another router: give it the "
+                          "SGLang servers themselves")
+    return found
