@@ -30,7 +30,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from compressor_2.engines.base import GenerationRequest  # noqa: E402
+from compressor_2.engines import GenerationRequest  # noqa: E402
 from compressor_2.engines.transformers_engine import TransformersEngine  # noqa: E402
 from compressor_2.steering.hf_processor import DeltaBiasProcessor  # noqa: E402
 

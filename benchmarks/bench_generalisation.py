@@ -62,11 +62,11 @@ def held_out(config: Config, candidates: list[Candidate]) -> list[Evaluation]:
     from tqdm import tqdm
 
     from compressor_2.clusters.build import build_clusters
-    from compressor_2.data.financebench import examples_from_config
+    from compressor_2.data import examples_from_config
     from compressor_2.demo.task import DATA_DIR
-    from compressor_2.engines.registry import make_engine
+    from compressor_2.engines import make_engine
     from compressor_2.fitness import Evaluator
-    from compressor_2.judges.registry import make_judge
+    from compressor_2.judges import make_judge
 
     clusters = build_clusters(config)
     heldout = dataclasses.replace(config, financebench_jsonl_path=DATA_DIR / "heldout.jsonl", pool_indices="all")

@@ -119,11 +119,11 @@ def anytime_curve(config: Any) -> list[tuple[int, float, dict[str, float]]]:
     from compressor_2.archive import RunArchive
     from compressor_2.clusters.build import build_clusters
     from compressor_2.commands.evolve import answer_settings
-    from compressor_2.data.financebench import examples_from_config
+    from compressor_2.data import examples_from_config
     from compressor_2.deltas import to_list
-    from compressor_2.engines.registry import LazyEngine
+    from compressor_2.engines import LazyEngine
     from compressor_2.fitness import Evaluator, answer_context
-    from compressor_2.judges.registry import make_judge
+    from compressor_2.judges import make_judge
 
     archive = RunArchive.open(config.output_dir / "run.sqlite")
     try:

@@ -46,7 +46,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from transformers import AutoTokenizer  # noqa: E402
 
-from compressor_2.engines.base import GenerationRequest  # noqa: E402
+from compressor_2.engines import GenerationRequest  # noqa: E402
 from compressor_2.engines.chat import chat_prompt  # noqa: E402
 from compressor_2.engines.sglang_engine import SGLangEngine  # noqa: E402
 from tests.sglang_helpers import fake_stats, probe_clusters  # noqa: E402

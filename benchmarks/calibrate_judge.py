@@ -31,10 +31,10 @@ from typing import Any, NamedTuple
 
 from sklearn.metrics import cohen_kappa_score
 
-from compressor_2.common.errors import ConfigError, RunError
+from compressor_2.common import ConfigError, RunError
 from compressor_2.config import Config, load_config
+from compressor_2.judges import gold_kind
 from compressor_2.judges.base import JudgeItem, Verdict
-from compressor_2.judges.numeric import gold_kind
 from compressor_2.judges.registry import JUDGES, make_judge
 
 REPO = Path(__file__).resolve().parent.parent

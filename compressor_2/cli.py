@@ -16,9 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from compressor_2.common.api_key import ScrubFilter, scrub
-from compressor_2.common.errors import ConfigError, RunError
-from compressor_2.common.interrupts import stop_on_first_signal, stopping
+from compressor_2.common import ConfigError, RunError, ScrubFilter, scrub, stop_on_first_signal, stopping
 from compressor_2.config import Config, load_config
 
 DESCRIPTION = ("compressor_2: evolve per-cluster logit steering deltas so that an LLM answers briefly "

@@ -15,9 +15,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from compressor_2.common.errors import ConfigError
-from compressor_2.common.file_kinds import check_readable_file
-from compressor_2.common.json_values import as_float, shown
+from compressor_2.common import ConfigError, as_float, check_readable_file, shown
 
 Deltas = dict[str, float]
 
@@ -109,7 +107,7 @@ def fingerprint_path(deltas_path: Path) -> Path:
 
 def write_fingerprint(deltas_path: Path, fingerprint: str) -> None:
     """`fingerprint`: the clusters' `cluster_map_digest`."""
-    from compressor_2.common.atomic import atomic_write_json
+    from compressor_2.common import atomic_write_json
 
     atomic_write_json(fingerprint_path(deltas_path), {"cluster_map": fingerprint})
 

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from compressor_2.archive import Answer, genome_key
-from compressor_2.common.console import answers_bar
-from compressor_2.data.example import Example
-from compressor_2.engines.base import Engine, GenerationRequest, Progress
-from compressor_2.judges.base import Judge, JudgeItem
+from compressor_2.common import answers_bar
+from compressor_2.data import Example
+from compressor_2.engines import Engine, GenerationRequest, Progress
+from compressor_2.judges import Judge, JudgeItem
 
 Genome = tuple[float, ...]
 

@@ -19,8 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from compressor_2.common.atomic import atomic_write_json
-from compressor_2.common.errors import ConfigError, RunError
+from compressor_2.common import ConfigError, RunError, atomic_write_json
 
 CACHE_FILE = "model_digests.json"
 DIGEST_CHARS = 16

@@ -11,8 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from compressor_2.archive import rows
 from compressor_2.archive.rows import Answer, CheckResult, RowError
 from compressor_2.archive.schema import Database
-from compressor_2.common.errors import ConfigError
-from compressor_2.common.json_values import shown
+from compressor_2.common import ConfigError, shown
 
 
 class AnswerTable:

@@ -14,7 +14,7 @@ from compressor_2.archive import rows
 from compressor_2.archive.lineage import Lineage
 from compressor_2.archive.rows import MAX_ID, Candidate, Placement, RowError, genome_key
 from compressor_2.archive.schema import Database
-from compressor_2.common.json_values import shown
+from compressor_2.common import shown
 
 CANDIDATE_COLUMNS = ("id, deltas, scratchpad, operator, strategy, generation, status, note, fitness, mean_tokens, "
                      "correctness, created")

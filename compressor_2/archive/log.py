@@ -10,9 +10,7 @@ from typing import Any
 from compressor_2.archive import rows
 from compressor_2.archive.rows import CallRecord, RowError
 from compressor_2.archive.schema import Database
-from compressor_2.common.api_key import scrub
-from compressor_2.common.chat_reply import MAX_TOKENS
-from compressor_2.common.json_values import as_count, shown
+from compressor_2.common import MAX_TOKENS, as_count, scrub, shown
 
 
 class RunLog:

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from compressor_2.common.json_values import as_count, as_float, shown
+from compressor_2.common import as_count, as_float, shown
 
 MAX_ID = 2**63 - 1  # SQLite's largest integer
 SEED_STEP = -1  # the strategies' seed candidates stand in the step before the first

@@ -42,8 +42,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from compressor_2.common.errors import ConfigError, RunError
-from compressor_2.common.json_values import shown
+from compressor_2.common import ConfigError, RunError, shown
 
 ARCHIVE_FILE = "run.sqlite"
 SCHEMA_VERSION = 1

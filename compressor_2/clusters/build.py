@@ -44,9 +44,14 @@ from compressor_2.clusters.layout import UNSTEERED
 from compressor_2.clusters.special import EMBEDDED_TEXT_VERSION, number_token_ids, strip_markers
 from compressor_2.clusters.vocab import Vocabulary, load_vocabulary, tokenizer_files_digest
 from compressor_2.clusters.written import claim, written_here
-from compressor_2.common.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
-from compressor_2.common.errors import ConfigError, RunError
-from compressor_2.common.file_kinds import file_kind
+from compressor_2.common import (
+    ConfigError,
+    RunError,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    file_kind,
+)
 from compressor_2.config import Config
 from compressor_2.deltas import canonical_ids, fingerprint_path, load_deltas, write_fingerprint
 

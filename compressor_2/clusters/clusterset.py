@@ -27,7 +27,7 @@ from compressor_2.clusters.layout import (
     TOKEN_CLUSTERS_FILE,
 )
 from compressor_2.clusters.special import RULES_VERSION
-from compressor_2.common.errors import ConfigError
+from compressor_2.common import ConfigError
 from compressor_2.config import Config
 from compressor_2.deltas import canonical_ids
 

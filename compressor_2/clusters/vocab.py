@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from compressor_2.clusters.special import eos_token_ids, unsteered_token_ids
-from compressor_2.common.errors import ConfigError
+from compressor_2.common import ConfigError
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 
 from compressor_2.clusters.clusterset import ArtifactPaths, file_sha256, read_record
-from compressor_2.common.atomic import atomic_write_json
+from compressor_2.common import atomic_write_json
 
 LEDGER_FILE = "written.json"
 KEPT_DIGESTS = 2  # the file's content is one of them whether the write after its claim happened or not

@@ -1,1 +1,1 @@
-"""The commands `cli` dispatches to: evolve, evaluate, show, export, report, and the run directory's guards."""
+"""The commands `cli` runs, each a module loaded when run: evolve, evaluate, show, export, report, run_directory."""

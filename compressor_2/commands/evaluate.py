@@ -12,9 +12,9 @@ from typing import Any
 
 from tqdm import tqdm
 
-from compressor_2.common.atomic import atomic_write_json
+from compressor_2.common import atomic_write_json
 from compressor_2.config import Config
-from compressor_2.data.example import Example
+from compressor_2.data import Example
 from compressor_2.deltas import canonical_ids, check_fingerprint, load_deltas, to_dict, to_list
 from compressor_2.fitness import Evaluation, Evaluator
 
@@ -24,9 +24,9 @@ def run_evaluate(config: Config, deltas_path: Path | None, indices: str | None,
     from compressor_2.clusters.build import build_clusters
     from compressor_2.clusters.clusterset import cluster_map_digest
     from compressor_2.commands.run_directory import check_cluster_outputs, check_output_dir, check_output_file
-    from compressor_2.data.financebench import examples_from_config
-    from compressor_2.engines.registry import make_engine
-    from compressor_2.judges.registry import make_judge
+    from compressor_2.data import examples_from_config
+    from compressor_2.engines import make_engine
+    from compressor_2.judges import make_judge
 
     # Every input is checked before the model loads: a typo should cost seconds.
     option = "evaluate --out"

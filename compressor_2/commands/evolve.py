@@ -33,32 +33,23 @@ from typing import TYPE_CHECKING, Any
 
 from compressor_2.archive import ARCHIVE_FILE, CheckStore, RunArchive
 from compressor_2.commands.run_directory import check_cluster_outputs, check_output_dir
-from compressor_2.common.atomic import remove_orphans
-from compressor_2.common.console import say
-from compressor_2.common.errors import ConfigError
-from compressor_2.common.interrupts import signals_ignored, stop_on_first_signal
+from compressor_2.common import ConfigError, remove_orphans, say, signals_ignored, stop_on_first_signal
 from compressor_2.config import Config
-from compressor_2.data.example import Example
+from compressor_2.data import Example
 from compressor_2.deltas import Deltas, check_fingerprint, fingerprint_path, load_deltas
 from compressor_2.fitness import Evaluator, answer_context
-from compressor_2.outputs.plots import FRONT_PLOT
-from compressor_2.reflector.prompt_log import PROMPT_DIR
-from compressor_2.resume.identity import RunInputs, check_identity, check_settings, model_identity
-from compressor_2.resume.lock import run_lock
-from compressor_2.run.best import DELTAS_BEST, PROCESSOR_BEST, BestEver
-from compressor_2.run.budget import Budget, Limits, shortfall
-from compressor_2.run.driver import drive
-from compressor_2.run.services import Run
-from compressor_2.run.workers import Workers
+from compressor_2.outputs import FRONT_PLOT
+from compressor_2.reflector import PROMPT_DIR
+from compressor_2.resume import RunInputs, check_identity, check_settings, model_identity, run_lock
+from compressor_2.run import DELTAS_BEST, PROCESSOR_BEST, BestEver, Budget, Limits, Run, Workers, drive, shortfall
 from compressor_2.strategies import Plugin, load_strategy
-from compressor_2.verdict.checks import Checks
-from compressor_2.verdict.simpler import instructed_examples, simpler_options
+from compressor_2.verdict import Checks, instructed_examples, simpler_options
 
 if TYPE_CHECKING:
     from compressor_2.clusters.clusterset import ClusterSet
     from compressor_2.clusters.tokens import AnswerTokens
-    from compressor_2.engines.registry import LazyEngine
-    from compressor_2.reflector.base import Reflector
+    from compressor_2.engines import LazyEngine
+    from compressor_2.reflector import Reflector
 
 # Files a run directory of an earlier compressor_2 (before the archive) holds.
 PRE_ARCHIVE_FILES = ("evolution_state.json", "history.json")
@@ -91,7 +82,7 @@ def preflight(config: Config) -> Iterator[Inputs]:
     run ends); nothing is written or rebuilt before a resume's settings are compared."""
     from compressor_2.clusters.build import build_clusters
     from compressor_2.clusters.clusterset import cluster_map_digest
-    from compressor_2.data.financebench import examples_from_config, holdout_examples
+    from compressor_2.data import examples_from_config, holdout_examples
 
     out = config.output_dir
     check_output_dir(out)
@@ -120,8 +111,8 @@ def open_run(config: Config, inputs: Inputs, strategy: Plugin) -> Iterator[tuple
     archive closed. Inside, the first Ctrl+C or SIGTERM stops the run, the later ones are
     ignored."""
     from compressor_2.clusters.tokens import AnswerTokens
-    from compressor_2.engines.registry import LazyEngine
-    from compressor_2.reflector.registry import make_reflector
+    from compressor_2.engines import LazyEngine
+    from compressor_2.reflector import make_reflector
 
     archive = open_archive(config.output_dir, config,
                            RunInputs(inputs.digest, inputs.examples, inputs.initial, inputs.model), inputs.context)
@@ -148,7 +139,7 @@ def open_run(config: Config, inputs: Inputs, strategy: Plugin) -> Iterator[tuple
 def services(config: Config, inputs: Inputs, archive: RunArchive, reflector: Reflector, engine: LazyEngine,
              tokens: AnswerTokens, workers: Workers, strategy: Plugin) -> tuple[Run, Checks]:
     """The run's services over the opened archive, reflector and engine, and its checks."""
-    from compressor_2.judges.registry import make_judge
+    from compressor_2.judges import make_judge
     from compressor_2.steering.generate import write_processor
 
     archive.set_meta({"context": inputs.context})  # `show` reads this run's answers under it

@@ -18,15 +18,25 @@ from pathlib import Path
 
 from compressor_2.archive import ARCHIVE_FILE, Candidate, RunArchive
 from compressor_2.commands.run_directory import check_output_file
-from compressor_2.common.atomic import atomic_write_json
-from compressor_2.common.errors import ConfigError
+from compressor_2.common import ConfigError, atomic_write_json
 from compressor_2.config import Config
 from compressor_2.deltas import fingerprint_path, recorded_fingerprint, write_fingerprint
-from compressor_2.run.best import DELTAS_BEST
-from compressor_2.verdict.checks import Standing, standing
-from compressor_2.verdict.claims import HELDOUT, Arm, Claims
-from compressor_2.verdict.confidence import LEVEL, Paired, correctness_claim, tokens_claim
-from compressor_2.verdict.front import Point, affordable, affordable_bound, pareto_front
+from compressor_2.run import DELTAS_BEST
+from compressor_2.verdict import (
+    HELDOUT,
+    LEVEL,
+    Arm,
+    Claims,
+    Paired,
+    Point,
+    Standing,
+    affordable,
+    affordable_bound,
+    correctness_claim,
+    pareto_front,
+    standing,
+    tokens_claim,
+)
 
 
 def run_export(config: Config, max_drop: float | None, candidate_id: int | None, out: Path | None,

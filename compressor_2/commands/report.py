@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from compressor_2.archive import ARCHIVE_FILE, RunArchive
 from compressor_2.config import Config
-from compressor_2.outputs.report import write_report
+from compressor_2.outputs import write_report
 
 
 def run_report(config: Config) -> None:
-    from compressor_2.data.financebench import examples_from_config, holdout_examples
+    from compressor_2.data import examples_from_config, holdout_examples
 
     pool = examples_from_config(config)
     heldout = holdout_examples(config, pool)

@@ -14,19 +14,14 @@ from pathlib import Path
 from compressor_2.archive import ARCHIVE_FILE
 from compressor_2.clusters.clusterset import ArtifactPaths
 from compressor_2.clusters.written import LEDGER_FILE, why_not_writable, written_here
-from compressor_2.common.atomic import why_unwritable
-from compressor_2.common.errors import ConfigError
-from compressor_2.common.file_kinds import file_kind
+from compressor_2.common import ConfigError, file_kind, why_unwritable
 from compressor_2.config import Config
 from compressor_2.deltas import fingerprint_path
-from compressor_2.engines.sglang_server import LOG_NAME
-from compressor_2.outputs.plots import FITNESS_PLOT, FRONT_PLOT, LENGTHS_PLOT
-from compressor_2.outputs.report import REPORT_FILE
-from compressor_2.outputs.tree import TREE_FILE, TREE_PLOT
-from compressor_2.reflector.prompt_log import PROMPT_DIR
-from compressor_2.resume.history import HISTORY_FILE
-from compressor_2.resume.lock import LOCK_FILE, check_lock_file
-from compressor_2.run.best import DELTAS_BEST, PROCESSOR_BEST
+from compressor_2.engines import LOG_NAME
+from compressor_2.outputs import FITNESS_PLOT, FRONT_PLOT, LENGTHS_PLOT, REPORT_FILE, TREE_FILE, TREE_PLOT
+from compressor_2.reflector import PROMPT_DIR
+from compressor_2.resume import HISTORY_FILE, LOCK_FILE, check_lock_file
+from compressor_2.run import DELTAS_BEST, PROCESSOR_BEST
 from compressor_2.strategies import load_strategy, strategy_names
 
 

@@ -21,16 +21,27 @@ from pathlib import Path
 from typing import Any
 
 from compressor_2.archive import ARCHIVE_FILE, Answer, Candidate, CheckResult, CheckStore, RunArchive, genome_key
-from compressor_2.common.errors import ConfigError
-from compressor_2.common.json_values import as_float, shown
+from compressor_2.common import ConfigError, as_float, shown
 from compressor_2.config import Config
 from compressor_2.fitness import example_key
-from compressor_2.outputs.report import status
+from compressor_2.outputs import status
 from compressor_2.strategies.archive import VIABILITY_META
-from compressor_2.verdict.checks import BASELINE_ID, Standing, standing
-from compressor_2.verdict.claims import HELDOUT, TRAINING, Arm, Claims
-from compressor_2.verdict.confidence import ci, correctness_claim, does_as_well, points_claim, tokens_change
-from compressor_2.verdict.simpler import read_record, tool_rows
+from compressor_2.verdict import (
+    BASELINE_ID,
+    HELDOUT,
+    TRAINING,
+    Arm,
+    Claims,
+    Standing,
+    ci,
+    correctness_claim,
+    does_as_well,
+    points_claim,
+    read_record,
+    standing,
+    tokens_change,
+    tool_rows,
+)
 
 ANSWER_WIDTH = 100
 SHOWN = 20  # archive members and feedback entries listed in the summary
@@ -238,7 +249,7 @@ def candidate_report(config: Config, archive: RunArchive, cid: int) -> str:
 
 
 def answers_side_by_side(config: Config, archive: RunArchive, candidate: Candidate) -> list[str]:
-    from compressor_2.data.financebench import examples_from_config
+    from compressor_2.data import examples_from_config
 
     context = archive.meta("context", "") or ""
     examples = examples_from_config(config)

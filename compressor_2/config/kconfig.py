@@ -16,8 +16,7 @@ from pathlib import Path
 
 import kconfiglib
 
-from compressor_2.common.errors import ConfigError
-from compressor_2.common.file_kinds import check_readable_file
+from compressor_2.common import ConfigError, check_readable_file
 
 KCONFIG_PATH = Path(__file__).resolve().parent.parent.parent / "Kconfig"
 # The largest amount in logit units an option may give (a step, a scale, a limit): a

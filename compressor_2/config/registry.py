@@ -14,7 +14,7 @@ import importlib
 from types import ModuleType
 from typing import Any
 
-from compressor_2.common.errors import ConfigError
+from compressor_2.common import ConfigError
 from compressor_2.config.kconfig import Reader, choice_names, menu_depends_on
 
 PACKAGE = "compressor_2.strategies"

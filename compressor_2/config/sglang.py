@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from compressor_2.common.endpoint import TUNNEL_HINT, is_loopback
-from compressor_2.common.errors import ConfigError
+from compressor_2.common import TUNNEL_HINT, ConfigError, is_loopback
 
 CUSTOM_PROCESSOR_FLAG = "--enable-custom-logit-processor"
 DETERMINISTIC_FLAG = "--enable-deterministic-inference"

@@ -13,8 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from compressor_2.common.errors import ConfigError
-from compressor_2.common.file_kinds import check_readable_file
+from compressor_2.common import ConfigError, check_readable_file
 from compressor_2.config import Config
 from compressor_2.data.example import Example
 from compressor_2.data.prompt import DEFAULT_TEMPLATE, build_prompt, load_template

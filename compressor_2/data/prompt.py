@@ -6,8 +6,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from compressor_2.common.errors import ConfigError
-from compressor_2.common.file_kinds import check_readable_file
+from compressor_2.common import ConfigError, check_readable_file
 
 DEFAULT_TEMPLATE = "Evidence:\n{evidence}\n\nQuestion: {question}"
 PLACEHOLDERS = ("{question}", "{evidence}")

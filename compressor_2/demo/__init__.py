@@ -1,1 +1,1 @@
-"""The embedded default: a synthetic FinanceBench-shaped task and a small model trained on it."""
+"""The embedded default: a synthetic FinanceBench-shaped task (`task`) and a small model trained on it (`train`)."""

@@ -18,14 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from compressor_2.data.financebench import load_examples
-from compressor_2.data.example import Example
+from compressor_2.data import Example, load_examples
 from compressor_2.demo.task import DATA_DIR
 from compressor_2.demo.train import MODEL_DIR
-from compressor_2.engines.base import GenerationRequest
+from compressor_2.engines import GenerationRequest
 from compressor_2.engines.transformers_engine import TransformersEngine
-from compressor_2.judges.base import JudgeItem
-from compressor_2.judges.numeric import NumericJudge
+from compressor_2.judges import JudgeItem, NumericJudge
 
 ALL = "all"
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from compressor_2.common.atomic import atomic_write_text
+from compressor_2.common import atomic_write_text
 
 SINGLE, TWO, THREE, YES_NO = "single-figure", "two-figures", "three-figures", "yes-no"
 KINDS = (SINGLE, TWO, THREE, YES_NO)

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from compressor_2.data.prompt import DEFAULT_TEMPLATE, build_prompt
+from compressor_2.data import DEFAULT_TEMPLATE, build_prompt
 from compressor_2.demo.answers import padded_answer
 from compressor_2.demo.task import LABELS, iter_questions
 

@@ -1,1 +1,8 @@
-"""Engines turn (prompt, deltas) pairs into answers; chosen by name from the config."""
+"""Engines turn (prompt, deltas) pairs into answers (`Engine`, `make_engine`, `LazyEngine`), chosen by name."""
+
+from compressor_2.engines.base import Engine, GenerationRequest, Progress
+from compressor_2.engines.registry import LazyEngine, make_engine
+from compressor_2.engines.sglang_model import served_models
+from compressor_2.engines.sglang_server import LOG_NAME
+
+__all__ = ["LOG_NAME", "Engine", "GenerationRequest", "LazyEngine", "Progress", "make_engine", "served_models"]

@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import numpy as np
 
-from compressor_2.common.errors import ConfigError, RunError
-from compressor_2.config.sglang import check_addresses, check_loopback
+from compressor_2.common import ConfigError, RunError
+from compressor_2.config import check_addresses, check_loopback
 from compressor_2.engines.base import Generation, GenerationRequest, Progress
 from compressor_2.engines.chat import ChatPrompt, chat_prompt, prompt_label
 from compressor_2.engines.sglang_api import APIS, Api, Reply

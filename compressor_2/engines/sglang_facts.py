@@ -22,8 +22,8 @@ from typing import Any
 
 import httpx
 
-from compressor_2.common.errors import ConfigError, RunError
-from compressor_2.config.sglang import SGLangSettings, check_model
+from compressor_2.common import ConfigError, RunError
+from compressor_2.config import SGLangSettings, check_model
 from compressor_2.engines.sglang_api import NOT_ON_COMPLETIONS
 
 logger = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from compressor_2.common.errors import RunError
+from compressor_2.common import RunError
 
 if TYPE_CHECKING:
     from compressor_2.clusters.clusterset import ClusterSet

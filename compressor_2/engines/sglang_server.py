@@ -23,10 +23,9 @@ from pathlib import Path
 
 import httpx
 
-from compressor_2.common.errors import ConfigError, RunError
-from compressor_2.config import Config
-from compressor_2.config.sglang import ATTENTION_FLAG, PORTABLE_BACKEND, bind_host, launch_command, option
-from compressor_2.host.probe import compute_capabilities
+from compressor_2.common import ConfigError, RunError
+from compressor_2.config import ATTENTION_FLAG, PORTABLE_BACKEND, Config, bind_host, launch_command, option
+from compressor_2.host import compute_capabilities
 
 logger = logging.getLogger(__name__)
 

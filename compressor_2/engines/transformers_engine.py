@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessorList, PreTrainedModel
 
-from compressor_2.common.errors import ConfigError
+from compressor_2.common import ConfigError
 from compressor_2.engines.base import Generation, GenerationRequest, Progress
 from compressor_2.engines.chat import encode_prompt, prompt_label
 from compressor_2.steering.hf_processor import DeltaBiasProcessor

@@ -1,1 +1,7 @@
-"""Correctness judges: per example is_correct and reasoning; chosen by name from the config."""
+"""Correctness judges (`Judge`, `JudgeItem`, `make_judge`): per answer, whether it is correct and why."""
+
+from compressor_2.judges.base import Judge, JudgeItem
+from compressor_2.judges.numeric import NumericJudge, gold_kind
+from compressor_2.judges.registry import make_judge
+
+__all__ = ["Judge", "JudgeItem", "NumericJudge", "gold_kind", "make_judge"]

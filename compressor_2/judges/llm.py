@@ -27,11 +27,17 @@ from typing import Any
 
 import openai
 
-from compressor_2.common.api_key import api_key_from_env, masked, remember
-from compressor_2.common.chat_reply import BadReply, read_completion
-from compressor_2.common.endpoint import check_reachable
-from compressor_2.common.errors import RunError
-from compressor_2.common.json_values import loads_or_reason, shown
+from compressor_2.common import (
+    BadReply,
+    RunError,
+    api_key_from_env,
+    check_reachable,
+    loads_or_reason,
+    masked,
+    read_completion,
+    remember,
+    shown,
+)
 from compressor_2.config import Config
 from compressor_2.judges.base import JudgeItem, Verdict
 

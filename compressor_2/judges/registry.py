@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from compressor_2.common.errors import ConfigError
+from compressor_2.common import ConfigError
 from compressor_2.config import Config
 from compressor_2.judges.base import Judge
 from compressor_2.judges.hybrid import HybridJudge

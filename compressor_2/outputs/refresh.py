@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from compressor_2.archive import RunArchive
-from compressor_2.data.example import Example
+from compressor_2.data import Example
 from compressor_2.outputs.plots import (
     FITNESS_PLOT,
     FRONT_PLOT,
@@ -29,7 +29,7 @@ from compressor_2.outputs.plots import (
 )
 from compressor_2.outputs.report import write_report
 from compressor_2.outputs.tree import TREE_FILE, TREE_PLOT, EvolutionTree
-from compressor_2.verdict.checks import standing
+from compressor_2.verdict import standing
 
 SHARE = 0.01  # of a run's wall time, at most, spent drawing between steps
 FIRST_DRAWING = 1.0  # seconds: a small run's drawing, until one is measured

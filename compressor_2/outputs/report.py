@@ -20,18 +20,29 @@ from pathlib import Path
 import jinja2
 
 from compressor_2.archive import Answer, Candidate, RunArchive
-from compressor_2.common.atomic import atomic_write_text
-from compressor_2.data.example import Example
+from compressor_2.common import atomic_write_text
+from compressor_2.data import Example
 from compressor_2.fitness import example_key
-from compressor_2.judges.numeric import gold_kind
+from compressor_2.judges import gold_kind
 from compressor_2.outputs.plots import FITNESS_PLOT, FRONT_PLOT, LENGTHS_PLOT
 from compressor_2.outputs.tree import TREE_PLOT
-from compressor_2.resume.identity import IDENTITY_KEY
-from compressor_2.verdict.checks import BASELINE_ID, Standing, standing
-from compressor_2.verdict.claims import HELDOUT, TRAINING, Arm, Claims
-from compressor_2.verdict.confidence import ci, does_as_well, p_text, verdict
-from compressor_2.verdict.simpler import read_record, tool_rows
-from compressor_2.verdict.simpler import verdict as simpler_verdict
+from compressor_2.resume import IDENTITY_KEY
+from compressor_2.verdict import (
+    BASELINE_ID,
+    HELDOUT,
+    TRAINING,
+    Arm,
+    Claims,
+    Standing,
+    ci,
+    does_as_well,
+    p_text,
+    read_record,
+    standing,
+    tool_rows,
+    tools_verdict,
+    verdict,
+)
 
 REPORT_FILE = "report.html"
 TEMPLATE = "report.html.j2"
@@ -138,7 +149,7 @@ def render(archive: RunArchive, out: Path, pool: Sequence[Example], heldout: Seq
         front=[(p, held, claims.paired(zeros, Arm(now.genome(p.id)), HELDOUT if held else TRAINING))
                for p, held in now.front()],
         best_training=claims.paired(zeros, best_arm, TRAINING), best_claim=claims.paired(zeros, best_arm, HELDOUT),
-        tools=tools, tools_verdict=simpler_verdict(tools, claims.level) if tools else "",
+        tools=tools, tools_verdict=tools_verdict(tools, claims.level) if tools else "",
         eos_tried=record.eos if record is not None else (), level=ci(claims.level), p_text=p_text, verdict=verdict,
         does_as_well=does_as_well,
         judge=judge, judge_warning=weak_gold_warning(judge, (*pool, *heldout)),

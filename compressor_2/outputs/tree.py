@@ -25,7 +25,7 @@ import networkx as nx
 from matplotlib.lines import Line2D
 
 from compressor_2.archive import RunArchive
-from compressor_2.common.atomic import atomic_write_json
+from compressor_2.common import atomic_write_json
 from compressor_2.outputs.plots import plt, save_figure
 
 TREE_FILE = "tree.json"

@@ -16,7 +16,7 @@ Every text is masked before it is cut: a key cut in two no longer matches the ma
 
 from __future__ import annotations
 
-from compressor_2.common.api_key import masked, scrub
+from compressor_2.common import masked, scrub
 
 SCRATCHPAD_MAX_CHARS = 16_000
 TEXT_MAX_CHARS = 2_000

@@ -25,14 +25,18 @@ from typing import Any
 
 import openai
 
-from compressor_2.common.api_key import api_key_from_env, remember
-from compressor_2.common.chat_reply import BadReply, read_completion
-from compressor_2.common.endpoint import check_reachable
-from compressor_2.common.errors import RunError
+from compressor_2.common import BadReply, RunError, api_key_from_env, check_reachable, read_completion, remember
 from compressor_2.config import Config
 from compressor_2.reflector import limits
 from compressor_2.reflector.base import (
-    Abandoned, MergeRequest, Message, MutationRequest, Reply, SelectionRequest, Usage, VectorRequest,
+    Abandoned,
+    MergeRequest,
+    Message,
+    MutationRequest,
+    Reply,
+    SelectionRequest,
+    Usage,
+    VectorRequest,
 )
 from compressor_2.reflector.prompts import MERGE_SCHEMA, MUTATION_SCHEMA, SELECTION_SCHEMA, vector_schema
 

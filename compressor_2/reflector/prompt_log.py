@@ -7,8 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from compressor_2.common.api_key import scrub
-from compressor_2.common.atomic import atomic_write_text
+from compressor_2.common import atomic_write_text, scrub
 from compressor_2.reflector.base import Message, Reply
 from compressor_2.reflector.limits import REPLY_LOG_MAX_CHARS, keep_first
 

@@ -31,17 +31,32 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from compressor_2.archive import CallRecord
-from compressor_2.common.errors import ReflectorUnavailable
-from compressor_2.common.json_values import as_float, loads_or_reason, shown
+from compressor_2.common import ReflectorUnavailable, as_float, loads_or_reason, shown
 from compressor_2.deltas import clamp
 from compressor_2.reflector import limits
 from compressor_2.reflector.base import (
-    Abandoned, MergeRequest, MergeResult, MutationRequest, MutationResult, Outstanding, Proposer, Reply, Selected,
-    SelectionRequest, SelectionResult, Usage, VectorRequest, VectorResult,
+    Abandoned,
+    MergeRequest,
+    MergeResult,
+    MutationRequest,
+    MutationResult,
+    Outstanding,
+    Proposer,
+    Reply,
+    Selected,
+    SelectionRequest,
+    SelectionResult,
+    Usage,
+    VectorRequest,
+    VectorResult,
 )
 from compressor_2.reflector.prompt_log import PromptLog
 from compressor_2.reflector.prompts import (
-    CATEGORIES, merge_messages, mutation_messages, selection_messages, vector_messages,
+    CATEGORIES,
+    merge_messages,
+    mutation_messages,
+    selection_messages,
+    vector_messages,
 )
 
 T = TypeVar("T")

@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from compressor_2.common.json_values import as_float, shown
+from compressor_2.common import as_float, shown
 
 __all__ = ["FieldError", "as_float", "candidate_id", "integer", "is_candidate_id", "number", "shown", "typed",
            "value"]

@@ -19,8 +19,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from compressor_2.common.atomic import atomic_write_json, atomic_write_text
-from compressor_2.common.errors import ConfigError
+from compressor_2.common import ConfigError, atomic_write_json, atomic_write_text
 from compressor_2.resume import fields
 from compressor_2.resume.fields import FieldError
 
@@ -92,7 +91,8 @@ def step_entry(step: int, scored: Sequence[Scored], best_ever: float | None,
     return entry
 
 
-def entry(stats: dict[str, Any], work: Work) -> dict[str, Any]:
+def work_entry(stats: dict[str, Any], work: Work) -> dict[str, Any]:
+    """A GA generation's entry: the fields of the population it saw, and the work it did."""
     done = asdict(work)
     if done["selection"] is None:
         del done["selection"]

@@ -26,11 +26,10 @@ from operator import attrgetter
 from typing import Any
 
 from compressor_2.archive import RunArchive
-from compressor_2.common.console import say
-from compressor_2.common.errors import ConfigError
+from compressor_2.common import ConfigError, say
 from compressor_2.config import Config, registry
-from compressor_2.data.example import Example
-from compressor_2.engines.sglang_model import served_models
+from compressor_2.data import Example
+from compressor_2.engines import served_models
 from compressor_2.fitness import example_key
 from compressor_2.model_digest import model_digest
 

@@ -17,8 +17,7 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-from compressor_2.common.errors import ConfigError, RunError
-from compressor_2.common.file_kinds import file_kind
+from compressor_2.common import ConfigError, RunError, file_kind
 
 LOCK_FILE = "run.lock"
 _PID_CHARS = 32  # of run.lock read back for a message

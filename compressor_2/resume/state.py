@@ -30,8 +30,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
-from compressor_2.common.atomic import atomic_write_json
-from compressor_2.common.errors import ConfigError
+from compressor_2.common import ConfigError, atomic_write_json
 from compressor_2.deltas import Deltas, validate_deltas
 from compressor_2.resume import fields
 from compressor_2.resume.fields import FieldError

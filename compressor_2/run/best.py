@@ -11,11 +11,10 @@ import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from compressor_2.common.atomic import atomic_write_json
-from compressor_2.common.console import say
+from compressor_2.common import atomic_write_json, say
 from compressor_2.deltas import fingerprint_path, write_fingerprint
 from compressor_2.fitness import Evaluation
-from compressor_2.resume.state import Member
+from compressor_2.resume import Member
 
 DELTAS_BEST = "deltas_best.json"
 PROCESSOR_BEST = "processor_best.py"

@@ -34,28 +34,38 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from compressor_2.archive import SEED_STEP
-from compressor_2.common.atomic import atomic_write_json
-from compressor_2.common.console import ordinal, plural, say
-from compressor_2.common.errors import ConfigError, ReflectorUnavailable, RunError
-from compressor_2.common.interrupts import signals_ignored
-from compressor_2.outputs.refresh import Refresh
-from compressor_2.reflector.prompt_log import PROMPT_DIR
-from compressor_2.resume.history import HISTORY_FILE, append_log, load_history, save_history, truncate_log
-from compressor_2.resume.state import (
+from compressor_2.common import (
+    ConfigError,
+    ReflectorUnavailable,
+    RunError,
+    atomic_write_json,
+    ordinal,
+    plural,
+    say,
+    signals_ignored,
+)
+from compressor_2.outputs import Refresh
+from compressor_2.reflector import PROMPT_DIR
+from compressor_2.resume import (
+    HISTORY_FILE,
     Member,
     Saved,
     StateFormat,
+    append_log,
     capture_rngs,
     check_state,
+    load_history,
     read_state,
     restore_rngs,
+    save_history,
     save_state,
+    truncate_log,
 )
 from compressor_2.run.budget import BudgetReached
 from compressor_2.run.idle import IdleSteps
 from compressor_2.run.services import Run, resume_command
 from compressor_2.run.watch import CallWatch
-from compressor_2.verdict.checks import standing
+from compressor_2.verdict import standing
 
 @dataclass(frozen=True)
 class Report:

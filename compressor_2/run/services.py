@@ -18,12 +18,12 @@ from pathlib import Path
 from compressor_2.archive import Candidate, Placement, RunArchive, Spot
 from compressor_2.clusters.tokens import AnswerTokens
 from compressor_2.config import Config
-from compressor_2.data.example import Example
+from compressor_2.data import Example
 from compressor_2.deltas import Deltas
 from compressor_2.fitness import Evaluation, Evaluator, evaluate_with_bar
-from compressor_2.outputs.refresh import refresh_outputs
-from compressor_2.reflector.base import Reflector
-from compressor_2.resume.state import Member
+from compressor_2.outputs import refresh_outputs
+from compressor_2.reflector import Reflector
+from compressor_2.resume import Member
 from compressor_2.run.best import BestEver
 from compressor_2.run.budget import Budget
 from compressor_2.run.workers import Workers

@@ -7,8 +7,8 @@ import threading
 import time
 from collections.abc import Sequence
 
-from compressor_2.common.console import say
-from compressor_2.reflector.base import Outstanding, Reflector
+from compressor_2.common import say
+from compressor_2.reflector import Outstanding, Reflector
 
 WAIT_NOTICE = 5.0  # seconds a reflector call waits before a line says so
 WAIT_REPEAT = 30.0  # and then again every this many seconds while the run still waits

@@ -1,2 +1,3 @@
-"""The logit bias the deltas become: the one place the steering arithmetic lives (the
-bias rows, the transformers and SGLang processors, the standalone processor module)."""
+"""The logit bias the deltas become (`bias`), the SGLang and transformers processors and `generate.write_processor`.
+Nothing is re-exported here: `processor` and `guarded` are imported inside SGLang servers, which have none of the
+other modules' dependencies."""

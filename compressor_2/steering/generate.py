@@ -18,7 +18,7 @@ from pathlib import Path
 
 from compressor_2.clusters.clusterset import ClusterSet, cluster_map_digest, load_cluster_set
 from compressor_2.clusters.layout import FINGERPRINT_FILE, UNSTEERED
-from compressor_2.common.atomic import atomic_write_text
+from compressor_2.common import atomic_write_text
 from compressor_2.config import Config
 from compressor_2.deltas import check_fingerprint, load_deltas, to_list
 from compressor_2.steering import bias, processor

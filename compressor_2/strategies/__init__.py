@@ -19,14 +19,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from compressor_2.common.errors import ConfigError
-from compressor_2.config.registry import strategy_module, strategy_names
+from compressor_2.common import ConfigError
+from compressor_2.config import strategy_module, strategy_names
 
 if TYPE_CHECKING:
     from compressor_2.config import Config
-    from compressor_2.run.budget import Cost
-    from compressor_2.run.driver import Strategy
-    from compressor_2.run.services import Run
+    from compressor_2.run import Cost, Run, Strategy
 
 __all__ = ["Plugin", "load_strategy", "options_of", "strategy_names"]
 

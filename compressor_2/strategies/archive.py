@@ -28,19 +28,13 @@ from operator import attrgetter
 from typing import Any
 
 from compressor_2.archive import SEED_STEP, Candidate, Lineage, Spot, genome_key
-from compressor_2.common.console import say, timed
-from compressor_2.config import Config
-from compressor_2.config.kconfig import MAX_LOGITS, Reader, decimal, require, shown_number
+from compressor_2.common import say, timed
+from compressor_2.config import MAX_LOGITS, Config, Reader, decimal, require, shown_number
 from compressor_2.deltas import to_list
 from compressor_2.fitness import Evaluation, Record
-from compressor_2.reflector.base import MergeRequest, MutationRequest, VectorRequest
-from compressor_2.reflector.prompts import estimated_call_tokens
-from compressor_2.resume.history import Score, step_entry
-from compressor_2.resume.identity import CONCURRENCY, STEPS, Option, compared
-from compressor_2.resume.state import StateFormat, state_json
-from compressor_2.run.budget import Cost
-from compressor_2.run.driver import Report, Strategy
-from compressor_2.run.services import NewCandidate, Run
+from compressor_2.reflector import MergeRequest, MutationRequest, VectorRequest, estimated_call_tokens
+from compressor_2.resume import CONCURRENCY, STEPS, Option, Score, StateFormat, compared, state_json, step_entry
+from compressor_2.run import Cost, NewCandidate, Report, Run, Strategy
 from compressor_2.strategies import options_of
 from compressor_2.strategies.archive_ops import (
     ARCHIVE_GENERATORS,

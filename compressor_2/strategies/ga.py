@@ -44,20 +44,27 @@ from typing import Any
 from deap import base, tools
 
 from compressor_2.archive import SEED_STEP, Placement, RunArchive, Spot
-from compressor_2.common.console import answers_bar, ordinal, say
-from compressor_2.config import Config
-from compressor_2.config.kconfig import Reader, require
+from compressor_2.common import answers_bar, ordinal, say
+from compressor_2.config import Config, Reader, require
 from compressor_2.deltas import to_dict, to_list
-from compressor_2.reflector.base import PopulationMember, Selected, SelectionRequest
-from compressor_2.reflector.prompts import estimated_call_tokens
-from compressor_2.resume import fields
-from compressor_2.resume.fields import FieldError
-from compressor_2.resume.history import Work, entry, step_entry
-from compressor_2.resume.identity import STEPS, Option, compared
-from compressor_2.resume.state import GLOBAL_RNGS, Member, StateFormat, read_member, seed_rng, state_json
-from compressor_2.run.budget import Cost
-from compressor_2.run.driver import Report
-from compressor_2.run.services import NewCandidate, Run
+from compressor_2.reflector import PopulationMember, Selected, SelectionRequest, estimated_call_tokens
+from compressor_2.resume import (
+    GLOBAL_RNGS,
+    STEPS,
+    FieldError,
+    Member,
+    Option,
+    StateFormat,
+    Work,
+    compared,
+    fields,
+    read_member,
+    seed_rng,
+    state_json,
+    step_entry,
+    work_entry,
+)
+from compressor_2.run import Cost, NewCandidate, Report, Run
 from compressor_2.strategies import options_of
 from compressor_2.strategies.ga_individual import (
     Individual,
@@ -66,14 +73,7 @@ from compressor_2.strategies.ga_individual import (
     make_toolbox,
     new_individual,
 )
-from compressor_2.strategies.ga_operators import (
-    SELECTIONS,
-    GaOptions,
-    RRState,
-    make_fallback,
-    make_selection,
-    pairs,
-)
+from compressor_2.strategies.ga_operators import SELECTIONS, GaOptions, RRState, make_fallback, make_selection, pairs
 
 STATE_FILE = "evolution_state.json"
 # What it writes in the run directory besides the shared services' files.
@@ -257,7 +257,7 @@ class Ga:
         """The history ends with the population entering generation t."""
         if not all(ind.fitness.valid for ind in self.population):
             return []
-        return [entry(self.stats(t, self.population), Work())]
+        return [work_entry(self.stats(t, self.population), Work())]
 
     def _toolbox(self) -> base.Toolbox:
         return make_toolbox(self.run.evaluator, self.run.reflector, make_selection(self.options),
@@ -355,8 +355,8 @@ class Ga:
         """Generation g's history entries (the population it saw and the work it did; the
         population it leaves) and its line."""
         final = self.stats(g + 1, self.population)
-        return Report([entry(stats, work), entry(final, Work())],
-                      generation_line(g, self.options.ngen, final, entry(stats, work), self.run.budget.seconds()))
+        return Report([work_entry(stats, work), work_entry(final, Work())],
+                      generation_line(g, self.options.ngen, final, work_entry(stats, work), self.run.budget.seconds()))
 
 
 def generation_line(generation: int, ngen: int, stats: dict[str, Any], work: dict[str, Any],

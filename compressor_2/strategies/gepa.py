@@ -28,24 +28,24 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from compressor_2.archive import Candidate, Spot
-from compressor_2.common.console import say
-from compressor_2.common.errors import ConfigError
-from compressor_2.config import Config
-from compressor_2.config.kconfig import MAX_LOGITS, Reader, require
-from compressor_2.data.example import Example
-from compressor_2.data.financebench import parse_indices
+from compressor_2.common import ConfigError, say
+from compressor_2.config import MAX_LOGITS, Config, Reader, require
+from compressor_2.data import Example, parse_indices
 from compressor_2.deltas import to_list
 from compressor_2.fitness import Evaluation
-from compressor_2.reflector.base import MutationRequest, VectorRequest
-from compressor_2.reflector.prompts import estimated_call_tokens
-from compressor_2.resume import fields
-from compressor_2.resume.fields import FieldError
-from compressor_2.resume.history import step_entry
-from compressor_2.resume.identity import compared
-from compressor_2.resume.state import Member, StateFormat, candidate_ids, held_list, state_json
-from compressor_2.run.budget import Cost
-from compressor_2.run.driver import Report, Strategy
-from compressor_2.run.services import NewCandidate, Run
+from compressor_2.reflector import MutationRequest, VectorRequest, estimated_call_tokens
+from compressor_2.resume import (
+    FieldError,
+    Member,
+    StateFormat,
+    candidate_ids,
+    compared,
+    fields,
+    held_list,
+    state_json,
+    step_entry,
+)
+from compressor_2.run import Cost, NewCandidate, Report, Run, Strategy
 from compressor_2.strategies import options_of
 from compressor_2.strategies.gepa_pareto import (
     EpochSampler,
@@ -91,8 +91,8 @@ class GepaOptions:
 
 
 def read_options(r: Reader) -> GepaOptions:
-    require(r.integer("MAX_METRIC_CALLS") > 0, "CONFIG_STRATEGY_GEPA needs CONFIG_MAX_METRIC_CALLS > 0: the metric-call "
-             "budget is GEPA's natural stopping criterion")
+    require(r.integer("MAX_METRIC_CALLS") > 0, "CONFIG_STRATEGY_GEPA needs CONFIG_MAX_METRIC_CALLS > 0: the "
+            "metric-call budget is GEPA's natural stopping criterion")
     indices = r.string("GEPA_VALSET_INDICES").strip()
     require(indices == "" or re.fullmatch(r"[0-9]+(-[0-9]+)?(\s*,\s*[0-9]+(-[0-9]+)?)*", indices) is not None,
              f"CONFIG_GEPA_VALSET_INDICES={indices!r} must be empty or pool positions such as '0-9,20'")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from compressor_2.deltas import clamp
-from compressor_2.reflector.limits import keep_recent
+from compressor_2.reflector import keep_recent
 
 
 def weighted_average(a: Sequence[float], b: Sequence[float], fitness_a: float,

@@ -15,12 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from compressor_2.config import Config
-from compressor_2.config.kconfig import MAX_LOGITS, Reader, require
+from compressor_2.config import MAX_LOGITS, Config, Reader, require
 from compressor_2.deltas import clamp_rows, to_list
-from compressor_2.resume.identity import STEPS, Option, compared
-from compressor_2.run.budget import Cost
-from compressor_2.run.services import Run
+from compressor_2.resume import STEPS, Option, compared
+from compressor_2.run import Cost, Run
 from compressor_2.strategies import options_of
 from compressor_2.strategies.search import Search
 

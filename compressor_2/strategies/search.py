@@ -20,14 +20,20 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from compressor_2.archive import SEED_STEP, Spot
-from compressor_2.common.console import plural, say
+from compressor_2.common import plural, say
 from compressor_2.deltas import to_dict, to_list
 from compressor_2.fitness import Evaluation
-from compressor_2.resume import fields
-from compressor_2.resume.history import step_entry
-from compressor_2.resume.state import GLOBAL_RNGS, StateFormat, candidate_ids, held_list, seed_rng, state_json
-from compressor_2.run.driver import Report, Strategy
-from compressor_2.run.services import NewCandidate, Run
+from compressor_2.resume import (
+    GLOBAL_RNGS,
+    StateFormat,
+    candidate_ids,
+    fields,
+    held_list,
+    seed_rng,
+    state_json,
+    step_entry,
+)
+from compressor_2.run import NewCandidate, Report, Run, Strategy
 
 if TYPE_CHECKING:
     from compressor_2.archive import RunArchive

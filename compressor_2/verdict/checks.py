@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from compressor_2.archive import Candidate, CheckResult, RunArchive, genome_key
-from compressor_2.data.example import Example
+from compressor_2.data import Example
 from compressor_2.fitness import Evaluation, Evaluator, evaluate_with_bar
 from compressor_2.verdict.claims import HELDOUT, TRAINING, Arm, Claims
 from compressor_2.verdict.confidence import Paired, correctness_claim, tokens_claim

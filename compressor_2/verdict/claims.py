@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from compressor_2.archive import Answer, CheckStore, RunArchive
 from compressor_2.config import Config
-from compressor_2.data.example import Example
+from compressor_2.data import Example
 from compressor_2.fitness import example_key
 from compressor_2.verdict.confidence import LEVEL, Paired, compare, identical
 
@@ -56,7 +56,7 @@ class Claims:
     @classmethod
     def of_config(cls, config: Config, archive: RunArchive, level: float = LEVEL) -> Claims:
         """The run's claims, on its training pool and held-out questions as the config names them."""
-        from compressor_2.data.financebench import examples_from_config, holdout_examples
+        from compressor_2.data import examples_from_config, holdout_examples
 
         pool = examples_from_config(config)
         return cls(archive, pool, holdout_examples(config, pool), level)

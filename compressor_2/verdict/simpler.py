@@ -30,12 +30,11 @@ from scipy.optimize import minimize_scalar
 
 from compressor_2.archive import Answer, CheckStore, RunArchive, genome_key
 from compressor_2.clusters.tokens import AnswerTokens
-from compressor_2.common.errors import ConfigError
-from compressor_2.common.json_values import as_float
+from compressor_2.common import ConfigError, as_float
 from compressor_2.config import Config
-from compressor_2.data.example import Example
+from compressor_2.data import Example
 from compressor_2.fitness import Evaluator, evaluate_with_bar, example_key
-from compressor_2.judges.base import JudgeItem
+from compressor_2.judges import JudgeItem
 from compressor_2.verdict.claims import HELDOUT, TRAINING, Arm, Claims, cap_context, instructed
 from compressor_2.verdict.confidence import Paired, ci, does_as_well
 
