@@ -20,7 +20,7 @@ operations timed directly, and what drawing the run from it costs as it grows.
    candidates in the GA's shape (per generation 7 offspring and 5 mutated children, the
    population of 8 placed), next to the defconfig run's mean generation: the share of a
    run's wall time drawing would take after every step, and the share on the run's clock
-   (run/outputs.py: a drawing waits until the run has worked 1 / SHARE - 1 times as long
+   (outputs/refresh.py: a drawing waits until the run has worked 1 / SHARE - 1 times as long
    as the last one took), with the share measured in the defconfig run of part 1.
 
 Run: .venv/bin/python benchmarks/bench_archive.py [--sizes 1000,10000,100000]

@@ -7,7 +7,7 @@
   reused), the initial deltas checked against them, the training pool and held-out
   questions read.
 - Opening the run: the run archive (its identity recorded at the run's start, compared on
-  a resume: see run/identity.py), the evaluator (answers cached in the archive), the
+  a resume: see resume/identity.py), the evaluator (answers cached in the archive), the
   reflector (every call recorded in it), the budget and the best-ever tracker, and a
   warning when the budget cannot pay for three steps.
 - Driving: the strategy named by CONFIG_STRATEGY, through the run's driver

@@ -2,7 +2,7 @@
 
 `--max-correctness-drop D` chooses on what the search did not fit: once the held-out check
 ran, the front candidate with the fewest held-out tokens whose held-out drop against the
-unsteered baseline has an upper bound (at `--confidence`, paired: run/confidence.py) of at
+unsteered baseline has an upper bound (at `--confidence`, paired: verdict/confidence.py) of at
 most D. Without a held-out check, the shortest candidate on the training front whose
 correctness is at most D below the baseline's, and the message says that this choice is
 unvalidated. `--candidate ID` takes that one. Its deltas (with the cluster fingerprint

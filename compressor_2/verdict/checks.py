@@ -7,7 +7,7 @@ pool, read from the archive, and the checks that measure outside the search.
 - The held-out check (CONFIG_HOLDOUT_DATA, CONFIG_HOLDOUT_INDICES) runs when the search
   has stopped: the best candidate, the front's candidates and the baseline on the
   held-out questions.
-- The simpler tools (CONFIG_COMPARE_SIMPLE, run/simpler.py) are measured around it: the
+- The simpler tools (CONFIG_COMPARE_SIMPLE, verdict/simpler.py) are measured around it: the
   EOS-only search before (its best is checked held out with the others), the token cap and
   the instruction after.
 
@@ -16,7 +16,7 @@ answers the search already made are served from its cache, fresh ones go to
 `check_answers` (cached there for the next check), so no check adds to the search's
 metric calls, changes what its cache serves, or draws from its RNGs. Their results
 go to `check_results`, by split. Every claim made of them is paired against the baseline
-on the same questions (run/claims.py).
+on the same questions (verdict/claims.py).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ search, so that the run says whether the search earned its keep on this model
 They answer through the checks' evaluator, as the held-out check does (apart from the
 search's budget and cache, cached for the next run). What they measured is recorded in the
 archive's meta (`TOOLS_META`); every figure is read back from the answers, paired against
-the baseline or the best (run/claims.py).
+the baseline or the best (verdict/claims.py).
 """
 
 from __future__ import annotations
