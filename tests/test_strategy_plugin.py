@@ -159,7 +159,7 @@ def copy(tmp_path_factory) -> Path:
 def run(copy: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """`python -m compressor_2 ARGS` in the copy: its own package is the one imported."""
     return subprocess.run([sys.executable, "-m", "compressor_2", *args], cwd=copy, capture_output=True, text=True,
-                          timeout=600, check=False)
+                          timeout=1800, check=False)
 
 
 def evolve(copy: Path, work: Path, shared: Path, model: Path, **symbols: str) -> subprocess.CompletedProcess[str]:
