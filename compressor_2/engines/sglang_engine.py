@@ -45,6 +45,7 @@ from compressor_2.engines.sglang_facts import (
 )
 from compressor_2.engines.sglang_server import SGLangServer
 from compressor_2.errors import ConfigError, RunError
+from compressor_2.pretrained import load_tokenizer
 from compressor_2.steering.guarded import guarded_spec
 from compressor_2.steering.processor import custom_params, encode_cluster_map, processor_spec
 
@@ -68,16 +69,6 @@ PROBE_TOKENS = 8
 
 class _ServerLost(Exception):
     """The launched server died with this request unfinished: restart and resend."""
-
-
-def load_tokenizer(model_path: str) -> Any:
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(model_path)
-    except (OSError, ValueError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ConfigError(f"CONFIG_MODEL_PATH={model_path!r}: cannot load the tokenizer: {first}") from None
 
 
 def check_attached(urls: Sequence[str], timeout: float) -> None:
