@@ -144,6 +144,10 @@ class SGLangEngine:
             raise ValueError("no server URL")
         self.urls = tuple(urls)
         self.clusters = clusters
+        # Every token of cluster 0 ends an answer, as in the transformers engine: a server stops
+        # only at its model's eos ids, which may leave out one of cluster 0's end markers (a
+        # GGUF of SmolLM2 ends at <|im_end|>, not at <|endoftext|>).
+        self.stop_ids = np.flatnonzero(np.asarray(clusters.token_clusters) == 0).tolist()
         self.tokenize = tokenize
         # None ("auto") until check_servers has seen whether a URL is a router.
         self._api: Api | None = None if api == "auto" else APIS[api]
@@ -431,6 +435,7 @@ class SGLangEngine:
         `sampling` overrides the run's (the probe's greedy 8 tokens)."""
         stated = {
             **STATED_SAMPLING,
+            "stop_token_ids": self.stop_ids or None,
             "temperature": self.temperature,
             "max_new_tokens": self.max_new_tokens,
             "custom_params": params if params is not None else custom_params(request.deltas, self.clusters),
