@@ -50,6 +50,7 @@ def ids_of(tokenizer_tokens: list[str], *names: str) -> set[int]:
     return {tokenizer_tokens.index(name) for name in names}
 
 
+@pytest.mark.slow
 def test_build_clusters_reads_the_tokenizer_and_every_end_token_from_the_file(work, gguf_model, capsys):
     """Cluster 0 holds both of SmolLM2's end tokens: `<|im_end|>`, the file's eos, and
     `<|endoftext|>`; `<|im_start|>` is in no cluster. A rebuild with the file unchanged
@@ -67,6 +68,7 @@ def test_build_clusters_reads_the_tokenizer_and_every_end_token_from_the_file(wo
     assert "clusters up to date: 320 tokens in 4 clusters" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_evaluate_answers_with_the_dequantised_model(work, gguf_model, capsys):
     out = work / "baseline.json"
     assert main(["evaluate", "--config", config_path(work), "--out", str(out)]) == 0, capsys.readouterr().err
@@ -76,6 +78,7 @@ def test_evaluate_answers_with_the_dequantised_model(work, gguf_model, capsys):
     assert all(1 <= r["tokens"] <= MAX_NEW_TOKENS for r in report["records"])
 
 
+@pytest.mark.slow
 def test_evolve_runs_on_the_file_and_deploys_its_processor(work, gguf_model, capsys):
     assert main(["evolve", "--config", config_path(work)]) == 0, capsys.readouterr().err
     out = work / "out"
@@ -107,7 +110,7 @@ def test_the_engine_stops_at_every_token_of_cluster_0_not_only_at_the_files_eos(
     ("grok9", "Q8_0", r"architecture 'grok9', quantisation Q8_0\): GGUF model with architecture grok9 is not "),
     ("llama", "Q8_1", r"architecture 'llama', quantisation Q8_1\): the gguf package \S+ cannot dequantise its "
                       r"Q8_1 tensors$"),
-])
+], ids=["architecture", "quantisation"])
 def test_a_gguf_transformers_cannot_load_is_one_line_naming_its_architecture_and_quantisation(
         architecture, weight_type, named, tmp_path, capsys):
     model = write_tiny_gguf(tmp_path / "model.gguf", architecture=architecture, weight_type=weight_type)
