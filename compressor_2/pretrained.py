@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import functools
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -81,10 +82,9 @@ def gguf_header(model_path: str) -> GgufHeader:
 
 @functools.lru_cache(maxsize=4)
 def _read_header(path: str, size: int, mtime_ns: int) -> GgufHeader:
-    """`size` and `mtime_ns` only key the cache: a file changed in place is read again."""
+    """`size` and `mtime_ns` only key the cache: a file changed in place is read again. gguf's
+    reader parses every metadata array whole (the tokens, the merges): the cost is paid here once."""
     del size, mtime_ns
-    from collections import Counter
-
     import gguf
 
     reader = gguf.GGUFReader(path)
@@ -109,7 +109,7 @@ def _read_header(path: str, size: int, mtime_ns: int) -> GgufHeader:
     )
 
 
-def _file_type(value: Any, weight_types: Any) -> str:
+def _file_type(value: Any, weight_types: Counter[Any]) -> str:
     """`general.file_type` by llama.cpp's name without its MOSTLY_/ALL_ prefix (Q4_K_M), else
     (absent, GUESSED or a number this gguf does not know) the commonest 2-D tensor type."""
     import gguf
