@@ -566,6 +566,21 @@ CASES = [
          2, r"reflector_prompts' is a regular file, not a directory: a run writes it; move it away"),
     Case("history.json made a directory", lambda s: reshaped(s, "history.json", "directory"),
          2, r"history\.json' is a directory, not a regular file: a run writes it; move it away"),
+    # -- issue AB, item 5: lists and mappings once bent silently ------------------------------------
+    option_case("a question twice in the pool", {"FINANCEBENCH_POOL_INDICES": '"0-5,3"'},
+                r"CONFIG_FINANCEBENCH_POOL_INDICES='0-5,3' names index 3 more than once \('0-5' and '3'\): a "
+                r"question listed twice would count twice; list each once"),
+    Case("evolve with a question twice in the pool",
+         lambda s: s.command("evolve", NGEN=RESUMED_NGEN, FINANCEBENCH_POOL_INDICES='"2,0-2"'),
+         2, r"CONFIG_FINANCEBENCH_POOL_INDICES='2,0-2' names index 2 more than once \('2' and '0-2'\)"),
+    option_case("a held-out question twice", {"HOLDOUT_INDICES": '"7,5-9"'},
+                r"CONFIG_HOLDOUT_INDICES='7,5-9' names index 7 more than once \('7' and '5-9'\)"),
+    option_case("a valset position three times",
+                {**STRATEGY_RUNS["gepa"][0], "GEPA_VALSET_INDICES": '"0,0,0"'},
+                r"CONFIG_GEPA_VALSET_INDICES='0,0,0' names position 0 more than once \('0' twice\)"),
+    option_case("an issue type weighted twice", {"STRATEGY_ARCHIVE": "y", "ARCHIVE_ISSUE_WEIGHTS": '"wrong=1,wrong=2"'},
+                r"CONFIG_ARCHIVE_ISSUE_WEIGHTS names wrong more than once \('wrong=1' and 'wrong=2'\): give each "
+                r"issue type one weight"),
 ]
 
 
@@ -1407,3 +1422,17 @@ def test_a_rebuild_interrupted_after_withdrawing_the_set_still_owns_its_descript
     capsys.readouterr()
     assert main(scene.command("build-clusters", **symbols)) == 0, capsys.readouterr().err
     assert (tmp_path / "clusters" / "fingerprint.json").is_file()
+
+
+def test_the_issue_weights_say_what_a_type_left_out_gets(tmp_path, shared, tiny_model_dir):
+    """Issue AB, item 5: "cut_short=2" is accepted, and the help says what it means for the
+    other three types."""
+    import kconfiglib
+
+    from compressor_2.config import KCONFIG_PATH, load_config
+
+    config = load_config(write_config(tmp_path, shared, tiny_model_dir, STRATEGY_ARCHIVE="y",
+                                      ARCHIVE_ISSUE_WEIGHTS='"cut_short=2"'))
+    assert config.archive is not None and config.archive.issue_weights == (("cut_short", 2.0),)
+    help_text = kconfiglib.Kconfig(str(KCONFIG_PATH), warn_to_stderr=False).syms["ARCHIVE_ISSUE_WEIGHTS"].nodes[0].help
+    assert "a type left out gets 0" in " ".join(help_text.split())
