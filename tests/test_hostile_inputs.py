@@ -206,6 +206,11 @@ def own_deltas(scene: Scene) -> Path:
     return path
 
 
+def artifact_as(scene: Scene, symbol: str, artifact: str) -> dict[str, str]:
+    """Symbols for a copy of the shared clusters with `symbol` naming its `artifact`."""
+    return {**scene.clusters_copy(), symbol: f'"{scene.work / "clusters" / artifact}"'}
+
+
 def sidecar_of_5(scene: Scene) -> Path:
     best = scene.finished_run() / "deltas_best.json"
     (scene.out / "deltas_best.clusters.json").write_text('{"cluster_map": 5}')
@@ -581,6 +586,35 @@ CASES = [
     option_case("an issue type weighted twice", {"STRATEGY_ARCHIVE": "y", "ARCHIVE_ISSUE_WEIGHTS": '"wrong=1,wrong=2"'},
                 r"CONFIG_ARCHIVE_ISSUE_WEIGHTS names wrong more than once \('wrong=1' and 'wrong=2'\): give each "
                 r"issue type one weight"),
+    # -- issue AB, item 2: a build's own files named as inputs -------------------------------------
+    Case("the cluster map as the descriptions", lambda s: s.command("evolve", NGEN=RESUMED_NGEN, **artifact_as(
+         s, "CLUSTER_DESCRIPTIONS_PATH", "token_clusters.npy")),
+         2, r"CONFIG_CLUSTER_DESCRIPTIONS_PATH='.*clusters/token_clusters\.npy' is a cluster artifact in "
+            r"CONFIG_CLUSTER_DIR \(token_clusters\.npy\), which a cluster build writes: name another file"),
+    Case("the cluster record as the initial deltas", lambda s: s.command("check-config", **artifact_as(
+         s, "INITIAL_DELTAS_PATH", "fingerprint.json")),
+         2, r"CONFIG_INITIAL_DELTAS_PATH='.*clusters/fingerprint\.json' is a cluster artifact in CONFIG_CLUSTER_DIR "
+            r"\(fingerprint\.json\)"),
+    Case("the initial deltas as the training data", lambda s: s.command("evaluate", **artifact_as(
+         s, "FINANCEBENCH_JSONL_PATH", "initial_deltas.json")),
+         2, r"CONFIG_FINANCEBENCH_JSONL_PATH='.*clusters/initial_deltas\.json' is the file of "
+            r"CONFIG_INITIAL_DELTAS_PATH, which a cluster build writes"),
+    Case("the build's ledger as the prompt template", lambda s: s.command("evolve", NGEN=RESUMED_NGEN, **artifact_as(
+         s, "PROMPT_TEMPLATE_PATH", "written.json")),
+         2, r"CONFIG_PROMPT_TEMPLATE_PATH='.*clusters/written\.json' is a cluster artifact in CONFIG_CLUSTER_DIR "
+            r"\(written\.json\)"),
+    Case("the descriptions as the held-out data", lambda s: s.command("check-config", **artifact_as(
+         s, "HOLDOUT_DATA", "cluster_descriptions.json")),
+         2, r"CONFIG_HOLDOUT_DATA='.*clusters/cluster_descriptions\.json' is the file of "
+            r"CONFIG_CLUSTER_DESCRIPTIONS_PATH"),
+    Case("evaluate --data the embeddings", lambda s: s.command(
+         "evaluate", "--data", str(s.work / "clusters" / "embeddings.npy"), **s.clusters_copy()),
+         2, r"evaluate --data '.*clusters/embeddings\.npy' is a cluster artifact in CONFIG_CLUSTER_DIR "
+            r"\(embeddings\.npy\)"),
+    Case("generate-processor --deltas the descriptions", lambda s: s.processor(
+         s.work / "p.py", s.work / "clusters" / "cluster_descriptions.json", **s.clusters_copy()),
+         2, r"generate-processor --deltas '.*clusters/cluster_descriptions\.json' is the file of "
+            r"CONFIG_CLUSTER_DESCRIPTIONS_PATH"),
 ]
 
 

@@ -42,7 +42,7 @@ from compressor_2.clusters.clusterset import (
 )
 from compressor_2.clusters.describe import describe_clusters, unsteered
 from compressor_2.clusters.embed import MAX_PIECES, embed_texts
-from compressor_2.clusters.layout import UNSTEERED
+from compressor_2.clusters.layout import LOCK_FILE, UNSTEERED
 from compressor_2.clusters.special import EMBEDDED_TEXT_VERSION, number_token_ids, strip_markers
 from compressor_2.clusters.written import claim, written_here
 from compressor_2.clusters.vocab import Vocabulary, load_vocabulary, tokenizer_files_digest
@@ -53,7 +53,6 @@ from compressor_2.errors import ConfigError, RunError
 __all__ = ["ClusterSet", "build_clusters"]
 
 KMEANS_RESTARTS = 4
-LOCK_FILE = ".lock"
 _PENDING = -2  # a token the k-means step has yet to place
 
 

@@ -23,6 +23,8 @@ from compressor_2.clusters.layout import (
     EMBEDDINGS_FINGERPRINT_FILE,
     FINGERPRINT_FILE,
     KMEANS_FILE,
+    LEDGER_FILE,
+    LOCK_FILE,
     PCA_FILE,
     TOKEN_CLUSTERS_FILE,
 )
@@ -95,6 +97,11 @@ class ArtifactPaths:
 
     def built(self) -> tuple[Path, ...]:
         return (self.embeddings, self.pca, self.kmeans, self.token_clusters, self.descriptions)
+
+    def own_files(self) -> tuple[Path, ...]:
+        """Every file a build writes in the cluster directory under a name of its own."""
+        return (self.embeddings, self.embeddings_fingerprint, self.pca, self.kmeans, self.token_clusters, self.record,
+                self.cluster_dir / LEDGER_FILE, self.cluster_dir / LOCK_FILE)
 
 
 def _model_identity(model_path: str) -> str:
