@@ -641,7 +641,7 @@ def test_a_hostile_input_gets_one_line_and_its_exit_code(case: Case, tmp_path, s
                                                           strategy_runs, capsys):
     scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted, strategy_runs)
     argv = case.plant(scene)
-    files, answers = run_files(scene.out), answers_stored(scene.out)
+    files = left_as_it_was(scene)
     capsys.readouterr()
     code = main(argv)
     captured = capsys.readouterr()
@@ -652,7 +652,18 @@ def test_a_hostile_input_gets_one_line_and_its_exit_code(case: Case, tmp_path, s
     lines = captured.err.strip().splitlines()
     assert (code, len(lines)) == (case.code, 1), captured.err
     assert re.fullmatch(rf"error: .*{case.pattern}.*", lines[0]), lines[0]
-    assert answers_stored(scene.out) == answers and run_files(scene.out) == files
+    changed = {name for name in files.keys() | left_as_it_was(scene).keys()
+               if files.get(name) != left_as_it_was(scene).get(name)}
+    assert not changed, changed
+
+
+def left_as_it_was(scene: Scene) -> dict[str, bytes]:
+    """What a refusal leaves byte for byte (issue AB): every file of the scene (its run
+    directory and archive, its copy of the clusters, its inputs) and of the session's shared
+    clusters; but the pid every evolve writes into run.lock, and the -wal and -shm files
+    SQLite keeps beside an open archive (its rows are in run.sqlite)."""
+    return {str(p): p.read_bytes() for root in (scene.work, scene.shared / "clusters") for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name not in ("run.lock", "run.sqlite-wal", "run.sqlite-shm")}
 
 
 # -- issue X items 3 and 6 (driver): refuse before you write; deltas_best.json never trusted -----
@@ -682,11 +693,11 @@ def test_a_refused_resume_leaves_every_file_as_it_was_the_clusters_included(symb
 
 
 def archive_dump(out: Path) -> list[str]:
-    """The archive's rows, whatever their order, but its meta table: opening the archive
-    records the identity's allowed changes (here the raised NGEN) before the run files
-    are read."""
+    """The archive's rows, whatever their order, its meta table included: the identity's
+    allowed changes (here the raised NGEN) are recorded once the run files were read
+    (issue AB item 3; they were recorded before)."""
     with closing(sqlite3.connect(out / "run.sqlite")) as db:
-        return sorted(line for line in db.iterdump() if not line.startswith('INSERT INTO "meta"'))
+        return sorted(db.iterdump())
 
 
 @pytest.mark.parametrize("edit", [
@@ -1470,3 +1481,115 @@ def test_the_issue_weights_say_what_a_type_left_out_gets(tmp_path, shared, tiny_
     assert config.archive is not None and config.archive.issue_weights == (("cut_short", 2.0),)
     help_text = kconfiglib.Kconfig(str(KCONFIG_PATH), warn_to_stderr=False).syms["ARCHIVE_ISSUE_WEIGHTS"].nodes[0].help
     assert "a type left out gets 0" in " ".join(help_text.split())
+
+
+# == Issue AB, items 3 and 4: compare first, write after; clusters keyed by the vocabulary =====
+
+def meta_of(out: Path, key: str) -> str:
+    with closing(sqlite3.connect(out / "run.sqlite")) as db:
+        return str(db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()[0])
+
+
+def test_a_resume_refused_for_its_initial_deltas_writes_nothing_first(tmp_path, shared, tiny_model_dir, uninterrupted,
+                                                                       capsys):
+    """Item 3: a run started from deltas of its own, resumed with CONFIG_INITIAL_DELTAS_PATH
+    naming a file not there yet: the cluster build wrote all-zero deltas there, their sidecar
+    and its record before the run compared them with its own and refused. Now every file of
+    the run and of the clusters is as it was, byte for byte."""
+    scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted, lambda strategy: uninterrupted)
+    clusters = scene.clusters_copy()
+    ids = json.loads((tmp_path / "clusters" / "initial_deltas.json").read_text(encoding="utf-8"))
+    mine = planted(scene, json.dumps({cid: 0.5 for cid in ids}).encode(), "mine.json")
+    assert main(scene.command("evolve", NGEN="1", **{**clusters, "INITIAL_DELTAS_PATH": f'"{mine}"'})) == 0
+    new = tmp_path / "clusters" / "new.json"
+    argv = scene.command("evolve", NGEN="2", **{**clusters, "INITIAL_DELTAS_PATH": f'"{new}"'})
+    before = left_as_it_was(scene)
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "holds a run started with other settings" in err[0], err
+    assert err[1].startswith('  the initial deltas (what CONFIG_INITIAL_DELTAS_PATH holds): {"0": 0.5'), err
+    assert left_as_it_was(scene) == before
+
+
+def test_a_resume_refused_with_a_copied_model_writes_nothing_first(tmp_path, shared, tiny_model_dir, uninterrupted,
+                                                                    capsys):
+    """Items 3 and 4: the model copied with a note beside it (its tokenizer files then differ
+    from the ones the clusters recorded, its vocabulary does not) and the initial deltas
+    edited: the build rebuilt the clusters for the new path (and would refresh its record),
+    then the resume was refused. Now the clusters are the same and nothing is written."""
+    scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted, lambda strategy: uninterrupted)
+    clusters = scene.clusters_copy()
+    scene.finished_run()
+    model = Path(shutil.copytree(tiny_model_dir, tmp_path / "model"))
+    (model / "README.md").write_text("a copy, with notes")
+    initial = tmp_path / "clusters" / "initial_deltas.json"
+    initial.write_text(json.dumps({cid: 0.5 for cid in json.loads(initial.read_text(encoding="utf-8"))}))
+    argv = scene.command("evolve", NGEN=RESUMED_NGEN, MODEL_PATH=f'"{model}"', **clusters)
+    before = left_as_it_was(scene)
+    capsys.readouterr()
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert "clusters up to date" in captured.out, captured.out
+    assert captured.err.strip().splitlines()[1].startswith("  the initial deltas"), captured.err
+    assert left_as_it_was(scene) == before
+
+
+def test_a_copied_model_resumes_the_run_on_its_clusters_and_answers(tmp_path, shared, tiny_model_dir, uninterrupted,
+                                                                     capsys):
+    """Item 4: the same model in another directory is the same model: the resumed run
+    reuses the clusters without a rebuild (fingerprint.json byte for byte: a processor
+    steering by reference holds its fingerprint) and the answers cached under the context
+    the run recorded."""
+    scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted, lambda strategy: uninterrupted)
+    clusters = scene.clusters_copy()
+    out = scene.finished_run()
+    model = Path(shutil.copytree(tiny_model_dir, tmp_path / "elsewhere" / "model"))
+    record = (tmp_path / "clusters" / "fingerprint.json").read_bytes()
+    context, hits = meta_of(out, "context"), int(meta_of(out, "cache_hits"))
+    capsys.readouterr()
+    assert main(scene.command("evolve", NGEN=RESUMED_NGEN, MODEL_PATH=f'"{model}"', **clusters)) == 0
+    printed = capsys.readouterr().out
+    assert "clusters up to date" in printed and not re.search(r"^built \d+ clusters", printed, re.M), printed
+    assert (tmp_path / "clusters" / "fingerprint.json").read_bytes() == record
+    assert meta_of(out, "context") == context and int(meta_of(out, "cache_hits")) > hits
+    assert json.loads((out / STATE).read_text(encoding="utf-8"))["generation"] == int(RESUMED_NGEN)
+
+
+def test_a_set_recorded_with_the_model_path_keeps_its_fingerprint(tmp_path, shared, tiny_model_dir, uninterrupted,
+                                                                  capsys):
+    """Item 4, for the clusters users have: a set built when the model's path was an input
+    (its record names the path, its fingerprint hashed it) is taken as it is, wherever the
+    model lies now: no rebuild, and the fingerprint deployed processors hold is kept."""
+    from compressor_2.clusters.build import build_clusters
+    from tests.test_evolution_support import config_for
+
+    scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted, lambda strategy: uninterrupted)
+    clusters = scene.clusters_copy()
+    path = tmp_path / "clusters" / "fingerprint.json"
+    record = json.loads(path.read_text(encoding="utf-8"))
+    record["inputs"]["model_path"], record["fingerprint"] = "/where/the/model/was", "f" * 64
+    path.write_text(json.dumps(record))
+    model = Path(shutil.copytree(tiny_model_dir, tmp_path / "model"))
+    capsys.readouterr()
+    assert build_clusters(config_for(tmp_path, shared, model, **clusters)).fingerprint == "f" * 64
+    assert "clusters up to date" in capsys.readouterr().out
+    assert json.loads(path.read_text(encoding="utf-8")) == record
+
+
+def test_clusters_of_another_vocabulary_are_refused_by_what_reads_them(tmp_path, shared, tiny_model_dir, uninterrupted,
+                                                                      capsys):
+    """Item 4's other side: without the path in the key, the vocabulary tells the clusters
+    of one model from another's, for what reads them without building (generate-processor)."""
+    from tests.conftest import build_tiny_model
+
+    scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted, lambda strategy: uninterrupted)
+    other = build_tiny_model(tmp_path / "other_model", vocab_size=280)
+    argv = scene.processor(tmp_path / "p.py", MODEL_PATH=f'"{other}"', **scene.clusters_copy())
+    before = left_as_it_was(scene)
+    capsys.readouterr()
+    assert main(argv) == 2
+    assert re.fullmatch(r"error: CONFIG_MODEL_PATH='.*other_model' has another vocabulary than the clusters were "
+                        r"built from: run `python -m compressor_2 build-clusters.*", capsys.readouterr().err.strip())
+    assert left_as_it_was(scene) == before
+
