@@ -194,12 +194,14 @@ def services(config: Config, inputs: Inputs, archive: RunArchive, identity: dict
     def begin() -> None:
         """What the cluster build still owed, the temp files of a killed writer removed, this
         start's identity and answer context recorded (`show` reads the run's answers under
-        it); then, when the search starts from other deltas than the baseline's, the
-        baseline measured apart, before the budget's clock starts."""
+        it), the answers the outputs read made again where the archive lost them; then, when
+        the search starts from other deltas than the baseline's, the baseline measured
+        apart, before the budget's clock starts."""
         for write in inputs.owed:
             write()
         _remove_orphans(config.output_dir)
         archive.set_meta({**identity, "context": inputs.context})
+        checks.restore_lost()
         if any(inputs.initial.values()):
             checks.measure_baseline()
         budget.start()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from compressor_2.archive.database import ARCHIVE_FILE, RunArchive
 from compressor_2.config import Config
+from compressor_2.run.checks import refuse_lost, standing
+from compressor_2.run.claims import Claims
 from compressor_2.run.report import write_report
 
 
@@ -16,7 +18,9 @@ def run_report(config: Config) -> None:
     heldout = holdout_examples(config, pool)
     archive = RunArchive.open_read_only(config.output_dir / ARCHIVE_FILE)
     try:
-        path = write_report(archive, config.output_dir, pool, heldout)
+        now = standing(archive)
+        refuse_lost(Claims(archive, pool, heldout), now)  # before report.html is written
+        path = write_report(archive, config.output_dir, pool, heldout, now)
     finally:
         archive.close()
     print(f"wrote {path}")

@@ -246,6 +246,11 @@ NAN = float("nan")
 HUGE = 10 ** 400  # an integer JSON holds but no float does
 
 
+# Issue AB item 1: what a reader without an engine says of answers the archive lost.
+LOST = (r"run\.sqlite' lost answers its records rest on \({}\): rows of its answer tables were deleted; rerun "
+        r"evolve with this config, which answers them again")
+
+
 def every_answer(column: str, value: str) -> str:
     return f"UPDATE evaluations SET {column} = {value}"
 
@@ -615,6 +620,19 @@ CASES = [
          s.work / "p.py", s.work / "clusters" / "cluster_descriptions.json", **s.clusters_copy()),
          2, r"generate-processor --deltas '.*clusters/cluster_descriptions\.json' is the file of "
             r"CONFIG_CLUSTER_DESCRIPTIONS_PATH"),
+    # -- issue AB, item 1: answers the archive lost, read where no engine can make them again ------
+    Case("show --front after the answers were deleted",
+         lambda s: s.edit_archive("DELETE FROM evaluations", command=("show", "--front")), 2, LOST.format(
+             r"the unsteered baseline's on the training pool, and \d+ more")),
+    Case("report after the answer table was dropped",
+         lambda s: s.edit_archive("DROP TABLE evaluations", command=("report",)), 2, LOST.format(
+             r"the unsteered baseline's on the training pool, and \d+ more")),
+    Case("export after the answers were deleted", lambda s: s.edit_archive(
+         "DELETE FROM evaluations", command=("export", "--max-correctness-drop", "0.5")), 2, LOST.format(
+             r"the unsteered baseline's on the training pool, and \d+ more")),
+    Case("show the best after its answers were deleted", lambda s: s.edit_archive(
+         f"DELETE FROM evaluations WHERE genome = (SELECT genome FROM candidates WHERE id = {best_candidate(s)})",
+         command=("show", best_candidate(s))), 2, LOST.format(r"candidate #\d+'s on the training pool")),
 ]
 
 
@@ -1592,4 +1610,55 @@ def test_clusters_of_another_vocabulary_are_refused_by_what_reads_them(tmp_path,
     assert re.fullmatch(r"error: CONFIG_MODEL_PATH='.*other_model' has another vocabulary than the clusters were "
                         r"built from: run `python -m compressor_2 build-clusters.*", capsys.readouterr().err.strip())
     assert left_as_it_was(scene) == before
+
+
+# == Issue AB, item 1: an emptied answer cache is a cache: evolve makes the answers again =========
+
+# A run with a held-out question and the simpler tools (their cap reads the baseline's answers).
+WITH_TOOLS = {"FINANCEBENCH_POOL_INDICES": '"0-1"', "HOLDOUT_INDICES": '"2"', "NGEN": "2", "COMPARE_SIMPLE": "y",
+              "COMPARE_INSTRUCTION": '"Answer with the figure only."'}
+
+
+@pytest.fixture(scope="module")
+def with_tools(tmp_path_factory, shared, tiny_model_dir, uninterrupted) -> Path:
+    """The finished run of WITH_TOOLS (its work directory)."""
+    from compressor_2.evolve import evolve
+    from tests.test_evolution_support import config_for
+
+    del uninterrupted  # built the shared clusters
+    work = tmp_path_factory.mktemp("with_tools")
+    evolve(config_for(work, shared, tiny_model_dir, **WITH_TOOLS))
+    return work
+
+
+def claims_printed(printed: str) -> list[str]:
+    """The run's claims: the held-out line and the simpler tools' (the accounting line
+    before them counts the answers made, which a lost cache changes)."""
+    return [line for line in printed.splitlines() if line.startswith(("held-out (", "simpler tools "))]
+
+
+@pytest.mark.parametrize("damage", [("DELETE FROM evaluations",), ("DROP TABLE evaluations",),
+                                    ("DELETE FROM check_answers",),
+                                    ("DELETE FROM evaluations", "DELETE FROM check_answers")],
+                         ids=["evaluations deleted", "evaluations dropped", "check answers deleted", "both deleted"])
+def test_an_emptied_answer_cache_is_answered_again_and_the_run_ends_as_it_would(damage, tmp_path, with_tools, shared,
+                                                                                 tiny_model_dir, capsys):
+    """The finished run resumed with one more generation: with its answers deleted it ended
+    in `ZeroDivisionError` (the cap divided by the baseline answers it found), after the
+    state and the plots were written. Now the answers the outputs read are made again
+    before the first step, and the run ends with the claims of the same run undamaged;
+    `show` and `report` read it again."""
+    intact, damaged = (Path(shutil.copytree(with_tools, tmp_path / name)) for name in ("intact", "damaged"))
+    with closing(sqlite3.connect(damaged / "out" / "run.sqlite")) as db, db:
+        for statement in damage:
+            db.execute(statement)
+    ends = []
+    for work in (intact, damaged):
+        config = write_config(work, shared, tiny_model_dir, **{**WITH_TOOLS, "NGEN": "3"})
+        capsys.readouterr()
+        assert main(["evolve", "--config", str(config)]) == 0, capsys.readouterr().err
+        ends.append(claims_printed(capsys.readouterr().out))
+    assert len(ends[0]) == 2 and ends[1] == ends[0]
+    for command in (["show", "--front"], ["report"]):
+        assert main([command[0], "--config", str(damaged / "test.config"), *command[1:]]) == 0, capsys.readouterr().err
 

@@ -362,6 +362,10 @@ class RunArchive:
             db.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
                            [(k, str(v)) for k, v in values.items()])
 
+    def delete_meta(self, key: str) -> None:
+        with self._transaction() as db:
+            db.execute("DELETE FROM meta WHERE key = ?", (key,))
+
     def event(self, kind: str, **detail: object) -> None:
         with self._transaction() as db:
             db.execute("INSERT INTO events (kind, detail, created) VALUES (?, ?, ?)",
