@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from compressor_2.archive.database import ARCHIVE_FILE, RunArchive
 from compressor_2.config import Config
-from compressor_2.run.checks import refuse_lost, standing
+from compressor_2.run.checks import measured, refuse_lost, standing
 from compressor_2.run.claims import Claims
 from compressor_2.run.report import write_report
+from compressor_2.run.simpler import read_record
 
 
 def run_report(config: Config) -> None:
@@ -19,7 +20,8 @@ def run_report(config: Config) -> None:
     archive = RunArchive.open_read_only(config.output_dir / ARCHIVE_FILE)
     try:
         now = standing(archive)
-        refuse_lost(Claims(archive, pool, heldout), now)  # before report.html is written
+        # Before report.html is written.
+        refuse_lost(Claims(archive, pool, heldout), measured(now, read_record(archive)))
         path = write_report(archive, config.output_dir, pool, heldout, now)
     finally:
         archive.close()

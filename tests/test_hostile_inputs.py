@@ -627,9 +627,6 @@ CASES = [
     Case("report after the answer table was dropped",
          lambda s: s.edit_archive("DROP TABLE evaluations", command=("report",)), 2, LOST.format(
              r"the unsteered baseline's on the training pool, and \d+ more")),
-    Case("export after the answers were deleted", lambda s: s.edit_archive(
-         "DELETE FROM evaluations", command=("export", "--max-correctness-drop", "0.5")), 2, LOST.format(
-             r"the unsteered baseline's on the training pool, and \d+ more")),
     Case("show the best after its answers were deleted", lambda s: s.edit_archive(
          f"DELETE FROM evaluations WHERE genome = (SELECT genome FROM candidates WHERE id = {best_candidate(s)})",
          command=("show", best_candidate(s))), 2, LOST.format(r"candidate #\d+'s on the training pool")),
@@ -1662,3 +1659,22 @@ def test_an_emptied_answer_cache_is_answered_again_and_the_run_ends_as_it_would(
     for command in (["show", "--front"], ["report"]):
         assert main([command[0], "--config", str(damaged / "test.config"), *command[1:]]) == 0, capsys.readouterr().err
 
+
+def test_export_refuses_a_held_out_check_whose_answers_were_deleted(tmp_path, with_tools, shared, tiny_model_dir,
+                                                                    capsys):
+    """export chooses by the held-out check's answers; with them deleted it chose on the
+    training front instead, as if no check had run ("Unvalidated"). Refused now, in one
+    line naming run.sqlite, and nothing written."""
+    work = Path(shutil.copytree(with_tools, tmp_path / "run"))
+    with closing(sqlite3.connect(work / "out" / "run.sqlite")) as db, db:
+        db.execute("DELETE FROM check_answers")
+    config = write_config(work, shared, tiny_model_dir, **WITH_TOOLS)
+    before = every_file(work)
+    capsys.readouterr()
+    assert main(["export", "--config", str(config), "--max-correctness-drop", "0.5"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and re.fullmatch(r"error: '.*run\.sqlite' lost answers its records rest on \(.*'s on the "
+                                            r"held-out questions(, and \d+ more)?\): rows of its answer tables were "
+                                            r"deleted \(or the held-out questions changed since the last check\); "
+                                            r"rerun evolve with this config, which answers them again", lines[0]), lines
+    assert every_file(work) == before

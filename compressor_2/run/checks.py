@@ -151,12 +151,11 @@ def lost_answers(claims: Claims, now: Standing) -> list[Measured]:
     return [m for m in measured(now, read_record(claims.archive)) if claims.lost(m.arm, m.split)]
 
 
-def refuse_lost(claims: Claims, now: Standing, also: Sequence[Measured] = ()) -> None:
-    """Refuses, in one line naming run.sqlite, to read a run whose archive lost answers its
-    outputs rest on (`also`: what the caller reads besides): a reader without an engine
-    cannot make them again, and a claim on the answers left would be another claim."""
-    lost = [*lost_answers(claims, now), *(m for m in also if claims.lost(m.arm, m.split))]
-    found = {(m.arm, m.split): m for m in lost}
+def refuse_lost(claims: Claims, read: Sequence[Measured]) -> None:
+    """Refuses, in one line naming run.sqlite, to read answers the archive lost among those
+    a reader reads (`read`, e.g. `measured`'s): a reader without an engine cannot make
+    them again, and a claim on the answers left would be another claim."""
+    found = {(m.arm, m.split): m for m in read if claims.lost(m.arm, m.split)}
     if not found:
         return
     first = next(iter(found.values()))
