@@ -22,7 +22,7 @@ from compressor_2.config import Config
 from compressor_2.deltas import fingerprint_path, recorded_fingerprint, write_fingerprint
 from compressor_2.errors import ConfigError
 from compressor_2.run.best import DELTAS_BEST
-from compressor_2.run.checks import Standing, standing
+from compressor_2.run.checks import Standing, measured, refuse_lost, standing
 from compressor_2.run.claims import HELDOUT, Arm, Claims
 from compressor_2.run.confidence import LEVEL, Paired, correctness_claim, tokens_claim
 from compressor_2.run.front import Point, affordable, affordable_bound, pareto_front
@@ -60,6 +60,8 @@ def choose(archive: RunArchive, max_drop: float | None, candidate_id: int | None
            claims: Claims) -> tuple[Candidate, str]:
     """The candidate to export and one line on why it was chosen."""
     now = standing(archive)
+    # It reads the held-out check's answers (the training front is chosen on recorded points).
+    refuse_lost(claims, [m for m in measured(now, None) if m.split == HELDOUT])
     points = {p.id: p for p in now.points}
     if candidate_id is not None:
         candidate = archive.candidate(candidate_id)

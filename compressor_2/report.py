@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from compressor_2.archive.database import ARCHIVE_FILE, RunArchive
 from compressor_2.config import Config
+from compressor_2.run.checks import measured, refuse_lost, standing
+from compressor_2.run.claims import Claims
 from compressor_2.run.report import write_report
+from compressor_2.run.simpler import read_record
 
 
 def run_report(config: Config) -> None:
@@ -16,7 +19,10 @@ def run_report(config: Config) -> None:
     heldout = holdout_examples(config, pool)
     archive = RunArchive.open_read_only(config.output_dir / ARCHIVE_FILE)
     try:
-        path = write_report(archive, config.output_dir, pool, heldout)
+        now = standing(archive)
+        # Before report.html is written.
+        refuse_lost(Claims(archive, pool, heldout), measured(now, read_record(archive)))
+        path = write_report(archive, config.output_dir, pool, heldout, now)
     finally:
         archive.close()
     print(f"wrote {path}")

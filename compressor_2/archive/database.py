@@ -362,6 +362,10 @@ class RunArchive:
             db.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
                            [(k, str(v)) for k, v in values.items()])
 
+    def delete_meta(self, key: str) -> None:
+        with self._transaction() as db:
+            db.execute("DELETE FROM meta WHERE key = ?", (key,))
+
     def event(self, kind: str, **detail: object) -> None:
         with self._transaction() as db:
             db.execute("INSERT INTO events (kind, detail, created) VALUES (?, ?, ?)",
@@ -661,6 +665,22 @@ class RunArchive:
         whose = f"the genome of candidate {owners}" if owners is not None else f"genome '{shown(genome)[1:-1]}'"
         raise ConfigError(f"'{self.path}' table {table}, row of example '{example}' under {whose}: {problem}; "
                           "delete that row to have the answer generated again")
+
+    def check_answers(self) -> None:
+        """Every stored answer, of the search and of the checks, as `_answer` would take it
+        when used: a row a hand edit left unusable is refused now (at a resume's start,
+        before anything is written) rather than in the middle of a step. One scan of each
+        table, in SQLite, for the rows `_answer` refuses."""
+        for table in ("evaluations", "check_answers"):
+            if not self.has_table(table):
+                continue
+            bad = self._query(f"SELECT genome, example, answer, tokens, is_correct, reasoning FROM {_table(table)} "
+                              "WHERE typeof(tokens) != 'integer' OR tokens < 0 OR typeof(is_correct) != 'integer' "
+                              "OR is_correct NOT IN (0, 1) OR typeof(answer) != 'text' OR typeof(reasoning) != 'text' "
+                              "LIMIT 1")
+            if bad:
+                genome, example, answer, tokens, correct, reasoning = bad[0]
+                self._answer(table, genome, example, answer, tokens, correct, reasoning)
 
     def store(self, answers: Mapping[tuple[str, str], Answer], context: str, cache_hits: int,
               table: str = "evaluations") -> None:

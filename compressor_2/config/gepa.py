@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from compressor_2.config.indices import check_each_once
 from compressor_2.config.kconfig import MAX_LOGITS, Reader, require
 
 CANDIDATE_SELECTORS = ("pareto", "current_best", "epsilon_greedy")
@@ -44,6 +45,7 @@ def gepa_options(r: Reader, max_metric_calls: int) -> GepaOptions:
     for low, high in re.findall(r"([0-9]+)-([0-9]+)", indices):
         require(int(low) <= int(high), f"CONFIG_GEPA_VALSET_INDICES={indices!r} has the range {low}-{high}, which "
                  f"runs backwards: write {high}-{low}")
+    check_each_once(indices, "CONFIG_GEPA_VALSET_INDICES", "position")
     epsilon = r.number("GEPA_EPSILON", 0, 1)
     eps = r.number("GEPA_MERGE_EPS", 0, MAX_LOGITS)
     return GepaOptions(

@@ -19,6 +19,7 @@ from compressor_2.config.archive import ArchiveOptions, archive_options
 from compressor_2.config.ga import SENTINELS as GA_SENTINELS
 from compressor_2.config.ga import GaOptions, ga_options
 from compressor_2.config.gepa import GepaOptions, gepa_options
+from compressor_2.config.indices import INDICES, check_each_once
 from compressor_2.config.kconfig import MAX_LOGITS, Reader, interval, read_config, require
 from compressor_2.config.search import CmaesOptions, RandomOptions, cmaes_options, random_options
 from compressor_2.config.sglang import check_addresses
@@ -33,7 +34,6 @@ MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 100.0
 MAX_INSTRUCTION = 2000  # characters of CONFIG_COMPARE_INSTRUCTION
 # What the transformers engine can run on: `meta` holds no weights, and a typo such as `gpu` is no device.
 DEVICES = r"auto|cpu|mps|(cuda|xpu)(:[0-9]+)?"
-INDICES = r"all|[0-9]+(-[0-9]+)?(\s*,\s*[0-9]+(-[0-9]+)?)*"  # a pool's or held-out set's lines: 'all' or '0,3,5-9'
 
 
 @dataclass(frozen=True)
@@ -188,12 +188,14 @@ def _checked(r: Reader) -> dict[str, Any]:
         re.fullmatch(INDICES, pool) is not None,
         f"CONFIG_FINANCEBENCH_POOL_INDICES={pool!r} must be 'all' or indices/ranges like '0,3,5-9'",
     )
+    check_each_once(pool, "CONFIG_FINANCEBENCH_POOL_INDICES")
     holdout_data = r.string("HOLDOUT_DATA").strip()
     holdout_indices = r.string("HOLDOUT_INDICES").strip()
     require(
         holdout_indices == "" or re.fullmatch(INDICES, holdout_indices) is not None,
         f"CONFIG_HOLDOUT_INDICES={holdout_indices!r} must be empty, 'all' or indices/ranges like '64-99'",
     )
+    check_each_once(holdout_indices, "CONFIG_HOLDOUT_INDICES")
     instruction = r.string("COMPARE_INSTRUCTION").strip()
     require(len(instruction) <= MAX_INSTRUCTION and not re.search(r"[\x00-\x1f\x7f]", instruction),
             f"CONFIG_COMPARE_INSTRUCTION must be at most {MAX_INSTRUCTION} characters, with no control character")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from compressor_2.config import Config
+from compressor_2.config.indices import repeated
 from compressor_2.data.example import Example
 from compressor_2.data.prompt import DEFAULT_TEMPLATE, build_prompt, load_template
 from compressor_2.errors import ConfigError
@@ -23,11 +24,16 @@ _RANGE = re.compile(r"(\d+)(?:-(\d+))?")
 
 
 def parse_indices(spec: str, n: int, source: str) -> list[int]:
-    """0-based indices from "all" or "0,3,5-9" (inclusive ranges), in the order given,
-    without repeats; `source` names where the spec came from in errors."""
+    """0-based indices from "all" or "0,3,5-9" (inclusive ranges), in the order given; an
+    index named twice is refused (the question would count twice); `source` names where the
+    spec came from in errors."""
     spec = spec.strip()
     if spec == "all":
         return list(range(n))
+    if (found := repeated(spec)) is not None:
+        index, first, second = found
+        raise ConfigError(f"{source}: {spec!r} names index {index} more than once ({first!r} and {second!r}): "
+                          "list each once")
     indices: list[int] = []
     for part in spec.split(","):
         match = _RANGE.fullmatch(part.strip())
@@ -45,7 +51,7 @@ def parse_indices(spec: str, n: int, source: str) -> list[int]:
                 f"{source}: index {last} is out of range (the dataset has {n} examples, 0-{n - 1})"
             )
         indices.extend(range(first, last + 1))
-    return list(dict.fromkeys(indices))
+    return indices
 
 
 def load_examples(path: Path, indices: str = "all", template: str = DEFAULT_TEMPLATE,

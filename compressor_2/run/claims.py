@@ -46,6 +46,7 @@ class Claims:
 
     def __init__(self, archive: RunArchive, pool: Sequence[Example], heldout: Sequence[Example],
                  level: float = LEVEL) -> None:
+        self.archive = archive
         self._store = CheckStore(archive)
         self.context = archive.meta("context", "") or ""
         self.examples = {TRAINING: tuple(pool), HELDOUT: tuple(heldout)}
@@ -81,6 +82,19 @@ class Claims:
         # An answer within the cap is the capped answer too; only longer ones were cut.
         cut = self.answers(arm.genome, cap_context(self.context, arm.cap))
         return [a if a is None or a.tokens <= arm.cap else cut.get(example_key(ex)) for ex, a in zip(examples, found)]
+
+    def lost(self, arm: Arm, split: str) -> bool:
+        """Whether answers the run made for `arm` on `split` are gone from the archive (rows
+        of its answer tables deleted): a genome's or an instruction's, when none at all is
+        left; a cap's, when an answer longer than the cap has no cut. Asked only of arms the
+        archive records as measured on `split`: then each had all of these."""
+        if not self.examples[split]:
+            return False
+        outcomes = self.outcomes(arm, split)
+        if arm.cap is None:
+            return all(o is None for o in outcomes)
+        plain = self.outcomes(Arm(arm.genome, instruction=arm.instruction), split)
+        return any(p is not None and p.tokens > arm.cap and o is None for p, o in zip(plain, outcomes))
 
     def paired(self, reference: Arm, other: Arm, split: str) -> Paired | None:
         """`other` against `reference` on the questions of `split` both answered; None if none."""

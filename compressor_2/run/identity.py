@@ -259,10 +259,12 @@ def changes(recorded: Mapping[str, str], current: Mapping[str, str]) -> tuple[li
     return refused, allowed
 
 
-def check_identity(archive: RunArchive, config: Config, inputs: RunInputs, context: str) -> None:
-    """Records the run's identity at its start; on a resume compares it with the one recorded
-    and refuses any refused change (ConfigError, one detail line per setting), prints a
-    line for each allowed change, and records the new values."""
+def check_identity(archive: RunArchive, config: Config, inputs: RunInputs, context: str) -> dict[str, str]:
+    """On a resume, compares the run's identity with the one recorded: refuses any refused
+    change (ConfigError, one detail line per setting) and prints a line for each allowed
+    change. Returns the meta rows that record this start's identity; nothing is written
+    here, so that a resume refused later (a run file, a missing key) leaves the archive as
+    it was: the caller records them once everything is checked."""
     current = run_identity(config, inputs)
     stored = archive.meta(IDENTITY_KEY)
     if archive.last_candidate_id() == 0:
@@ -274,7 +276,17 @@ def check_identity(archive: RunArchive, config: Config, inputs: RunInputs, conte
     else:
         for line in _allowed(archive, stored, current):
             say(f"changed since the last start: {line}")
-    archive.set_meta({IDENTITY_KEY: json.dumps(current), "strategy": config.strategy})
+    return {IDENTITY_KEY: json.dumps(current), "strategy": config.strategy}
+
+
+def recorded_context(archive: RunArchive) -> str | None:
+    """The answer context a run recorded (its answers are cached under it), when a resume
+    keeps it: the run recorded its identity, which covers every setting of the context (the
+    model by what it holds, not by its path), so a resume the identity lets through answers
+    as the run did, and a copied or moved model keeps its cached answers."""
+    if archive.last_candidate_id() == 0 or archive.meta(IDENTITY_KEY) is None:
+        return None
+    return archive.meta("context")
 
 
 def check_settings(archive: RunArchive, config: Config, inputs: RunInputs) -> None:

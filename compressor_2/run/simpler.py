@@ -196,9 +196,13 @@ class Tools:
 
     def measure_cap(self, target: float) -> int:
         """Cuts the baseline's answers at the cap whose training mean matches `target`, and
-        judges the cut ones again (from the cache where it can)."""
+        judges the cut ones again (from the cache where it can). Baseline answers the
+        cache lost (rows deleted) are made again first: the cap is chosen on all of them."""
         zeros, context = genome_key(self.zeros), self.evaluator.context
         baseline = self.store.answers_for(zeros, context)
+        if missing := [ex for ex in (*self.pool, *self.heldout) if example_key(ex) not in baseline]:
+            evaluate_with_bar(self.evaluator, [self.zeros], missing, "unsteered baseline")
+            baseline = self.store.answers_for(zeros, context)
         cap = cap_for([a.tokens for ex in self.pool if (a := baseline.get(example_key(ex)))], target)
         long = [(ex, a) for ex in (*self.pool, *self.heldout)
                 if (a := baseline.get(example_key(ex))) is not None and a.tokens > cap]

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from compressor_2.archive.database import Candidate, Spot, genome_key
+from compressor_2.archive.database import Candidate, RunArchive, Spot, genome_key
 from compressor_2.archive.lineage import Lineage
 from compressor_2.atomic import atomic_write_text
 from compressor_2.config import ArchiveOptions, Config
@@ -150,10 +150,12 @@ class Archive(Strategy):
 
     step_name, steps_symbol, proposer = "iteration", "CONFIG_ARCHIVE_ITERATIONS", "the reflector"
     progress_plot = PROGRESS_PLOT
-    state_format = StateFormat(STATE_FILE, "iteration", ("random",), lambda raw: NoState(), state_json)
 
     def __init__(self, run: Run, options: ArchiveOptions) -> None:
         self.run, self.options = run, options
+        # The snapshots are read with the state, before the resume writes anything.
+        self.state_format = StateFormat(STATE_FILE, "iteration", ("random",), lambda raw: NoState(), state_json,
+                                        self._check_snapshots)
         self.steps = options.iterations
         self.rng = random.Random(run.config.seed)
         self.generation_pool = run.workers.pool(options.generation_concurrency, "generator")
@@ -163,6 +165,10 @@ class Archive(Strategy):
 
     def rngs(self) -> Mapping[str, Any]:
         return {"random": self.rng}
+
+    def _check_snapshots(self, own: NoState, archive: RunArchive, last: int) -> None:
+        del own, archive, last
+        _snapshot_lines(self.run.out / SNAPSHOTS_FILE)
 
     def start(self) -> None:
         self.seed()
@@ -433,11 +439,18 @@ GENERATORS: dict[str, Callable[[Archive, Job], Proposal | None]] = {
 
 
 def _truncate_snapshots(path: Path, before: int) -> None:
-    """A resumed run rewrites the snapshots of the iteration it replays; a line it cannot
-    read is refused, naming it."""
+    """A resumed run rewrites the snapshots of the iteration it replays."""
+    if path.exists():
+        kept = [line for generation, line in _snapshot_lines(path) if generation < before]
+        atomic_write_text(path, "".join(line + "\n" for line in kept))
+
+
+def _snapshot_lines(path: Path) -> list[tuple[int, str]]:
+    """(generation, line) of every snapshot line; a line that cannot be read is refused,
+    naming it."""
     if not path.exists():
-        return
-    kept = []
+        return []
+    lines = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
             continue
@@ -450,6 +463,5 @@ def _truncate_snapshots(path: Path, before: int) -> None:
         if generation is None:
             raise ConfigError(f"'{path}' line {number} is not a JSON object; remove the line, or move the run "
                               "directory away to start a fresh run")
-        if generation < before:
-            kept.append(line)
-    atomic_write_text(path, "".join(line + "\n" for line in kept))
+        lines.append((generation, line))
+    return lines
