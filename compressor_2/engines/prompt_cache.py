@@ -94,28 +94,32 @@ class PromptCache:
         """The cache of every prompt but its last token, one row per prompt, left-padded
         to the longest, with room for `room` more tokens a row; None when no prompt has
         more than one token."""
-        distinct = list(dict.fromkeys(tuple(p[:-1]) for p in prompts))
-        kvs = [self.lookup(prefix) for prefix in distinct]
-        width = max(len(prefix) for prefix in distinct)
-        if width == 0:
-            return None
         rows: dict[tuple[int, ...], list[int]] = {}
         for row, prompt in enumerate(prompts):
             rows.setdefault(tuple(prompt[:-1]), []).append(row)
-        index = [torch.tensor(rows[prefix], device=self.model.device) for prefix in distinct]
+        kvs = {prefix: self.lookup(prefix) for prefix in rows}
+        width = max(len(prefix) for prefix in rows)
+        if width == 0:
+            return None
+        shared = [(tuple(rows[prefix]), kv) for prefix, kv in kvs.items() if kv]  # one-token prompts: no kv
         cache = DynamicCache()
-        for layer, tensors in enumerate(zip(*(kv for kv in kvs if kv))):
-            one = tensors[0][0]  # shapes and dtype
-            buffers = []
-            for j in (0, 1):
-                buffer = one.new_empty((len(prompts), one.shape[1], width + room, one.shape[3]))
-                buffer[..., :width, :].zero_()  # the padding: masked, as a pad token's keys are
-                for prefix, kv, where in zip(distinct, kvs, index):
-                    if kv:
-                        buffer[where, :, width - len(prefix):width] = kv[layer][j]
-                buffers.append(buffer)
-            cache.layers.append(RoomyLayer(buffers[0], buffers[1], width))
+        for layer in range(len(shared[0][1])):
+            keys, values = (_stacked({where: kv[layer][j] for where, kv in shared}, len(prompts), width, room)
+                            for j in (0, 1))
+            cache.layers.append(RoomyLayer(keys, values, width))
         return cache
+
+
+def _stacked(parts: dict[tuple[int, ...], torch.Tensor], count: int, width: int, room: int) -> torch.Tensor:
+    """(1, heads, n, dim) tensors keyed by the rows that share them, as one (count, heads,
+    width + room, dim) tensor: each in its rows, ending at `width`, zeros to its left
+    (masked, as a pad token's keys are) and room to its right."""
+    one = next(iter(parts.values()))
+    out = one.new_empty((count, one.shape[1], width + room, one.shape[3]))
+    out[..., :width, :].zero_()
+    for rows, part in parts.items():
+        out[torch.tensor(rows, device=out.device), :, width - part.shape[-2]:width] = part
+    return out
 
 
 class RoomyLayer(DynamicLayer):
