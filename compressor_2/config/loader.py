@@ -63,6 +63,7 @@ class Config:
     transformers_batch_size: int
     transformers_device: str
     transformers_threads: int
+    transformers_prompt_cache_mb: int
     eval_concurrency: int
     sglang_command: str
     sglang_urls: tuple[str, ...]
@@ -249,6 +250,7 @@ def _engine(r: Reader, checked: dict[str, Any]) -> dict[str, Any]:
         transformers_batch_size=r.integer("TRANSFORMERS_BATCH_SIZE"),
         transformers_device=checked["transformers_device"],
         transformers_threads=r.integer("TRANSFORMERS_THREADS"),
+        transformers_prompt_cache_mb=r.integer("TRANSFORMERS_PROMPT_CACHE_MB"),
         eval_concurrency=r.integer("EVAL_CONCURRENCY"),
         sglang_command=r.string("SGLANG_COMMAND"),
         sglang_urls=checked["sglang_urls"],

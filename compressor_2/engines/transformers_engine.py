@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from transformers import LogitsProcessorList, PreTrainedModel
+from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
 
 from compressor_2.engines.base import Generation, GenerationRequest, Progress
 from compressor_2.engines.chat import encode_prompt, prompt_label
+from compressor_2.engines.prompt_cache import CACHE_ARG, PromptCache, UnsupportedCache
 from compressor_2.errors import ConfigError
 from compressor_2.pretrained import load_causal_lm, load_tokenizer
 from compressor_2.steering.hf_processor import DeltaBiasProcessor
@@ -72,7 +73,7 @@ class TransformersEngine:
 
     def __init__(self, model_path: str, token_clusters: np.ndarray, num_clusters: int, *,
                  batch_size: int = 32, max_new_tokens: int = 256, temperature: float = 0.0,
-                 device: str = "auto", threads: int = 0) -> None:
+                 device: str = "auto", threads: int = 0, prompt_cache_mb: int = 2048) -> None:
         if threads > 0:
             torch.set_num_threads(threads)
         self.model_path = model_path
@@ -97,6 +98,7 @@ class TransformersEngine:
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.convert_ids_to_tokens(self.eos_ids[0])
         self.context = getattr(self.model.config, "max_position_embeddings", None)
+        self.prompts: PromptCache | None = PromptCache(self.model, prompt_cache_mb << 20)
 
     @classmethod
     def from_config(cls, config: Config, clusters: ClusterSet) -> TransformersEngine:
@@ -104,7 +106,7 @@ class TransformersEngine:
             config.model_path, clusters.token_clusters, len(clusters.cluster_ids),
             batch_size=config.transformers_batch_size, max_new_tokens=config.max_new_tokens,
             temperature=config.temperature, device=config.transformers_device,
-            threads=config.transformers_threads,
+            threads=config.transformers_threads, prompt_cache_mb=config.transformers_prompt_cache_mb,
         )
 
     def _eos_ids(self, token_clusters: np.ndarray) -> list[int]:
@@ -169,11 +171,24 @@ class TransformersEngine:
             if self.temperature > 0 else {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
         with _without_spurious_mask_warning():
             output = self.model.generate(
-                **padded, logits_processor=processors, max_new_tokens=self.max_new_tokens,
-                eos_token_id=self.eos_ids, pad_token_id=self.tokenizer.pad_token_id, **sampling,
+                **padded, **self._prompt_caches(encoded), logits_processor=processors,
+                max_new_tokens=self.max_new_tokens, eos_token_id=self.eos_ids, pad_token_id=self.tokenizer.pad_token_id, **sampling,
             )
         new_tokens = output[:, padded["input_ids"].shape[1]:].tolist()
         return [self._finish(row) for row in new_tokens]
+
+    def _prompt_caches(self, encoded: list[list[int]]) -> dict[str, DynamicCache]:
+        """`generate`'s cache argument holding the batch's prompts but their last tokens;
+        none for a model whose cache cannot be padded (it then prefills every row)."""
+        if self.prompts is None:
+            return {}
+        try:
+            cache = self.prompts.batch(encoded, self.max_new_tokens)
+        except UnsupportedCache as exc:
+            logging.getLogger("compressor_2.engines").info("prompt cache off: %s", exc)
+            self.prompts = None
+            return {}
+        return {} if cache is None else {CACHE_ARG: cache}
 
     def _finish(self, tokens: list[int]) -> Generation:
         """Cut at the first EOS; like SGLang's completion_tokens, the EOS itself counts."""

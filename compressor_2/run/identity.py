@@ -204,7 +204,8 @@ SETTINGS: tuple[Setting, ...] = (
     *(Setting(f"CONFIG_{name.upper()}", (name.upper(),), lambda c, _, n=name: getattr(c, n), JUDGE_BOUND)
       for name in ("judge_timeout", "judge_max_consecutive_failures")),
     *(Setting(f"CONFIG_{name.upper()}", (name.upper(),), lambda c, _, n=name: getattr(c, n), SPEED)
-      for name in ("transformers_batch_size", "transformers_device", "transformers_threads", "eval_concurrency",
+      for name in ("transformers_batch_size", "transformers_device", "transformers_threads", "transformers_prompt_cache_mb",
+                   "eval_concurrency",
                    "sglang_command", "sglang_urls", "sglang_port", "sglang_allow_remote", "sglang_startup_timeout",
                    "sglang_poll_interval", "sglang_request_timeout", "sglang_max_restarts", "sglang_stop_grace")),
     Setting("CONFIG_SGLANG_API", ("SGLANG_API",), lambda c, _: c.sglang_api,
