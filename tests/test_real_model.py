@@ -1,10 +1,14 @@
 """The real-model preset without the real model: configs/smollm2.config as check-config reads
-it, and `make run-real`'s resolver (compressor_2/demo/smollm2.py) on a fake installed package.
-The 98 MB GGUF is never needed here."""
+it, `make run-real`'s resolver (compressor_2/demo/smollm2.py) on a fake installed package, and
+benchmarks/bench_real_model.py's configs and plan. The 98 MB GGUF is never needed here."""
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -94,3 +98,38 @@ def test_a_bad_state_is_one_line_and_exit_2(state, message, tmp_path, monkeypatc
     assert smollm2.main(["--installed"]) == (0 if state == "a file there" else 2)
     assert capsys.readouterr().err == ""  # --installed says it by its status alone
 
+
+# -- benchmarks/bench_real_model.py --------------------------------------------------------------
+
+@functools.cache
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_real_model", REPO / "benchmarks" / "bench_real_model.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses resolve their annotations there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_bench_plans_both_variants_of_every_seed_and_one_seed_of_gepa(tmp_path):
+    module = bench()
+    args = module.arguments(["--seeds", "0,1", "--out-root", str(tmp_path)])
+    assert [s.name for s in module.plan(args)] == [
+        "plain-ga-s0", "instructed-ga-s0", "plain-ga-s1", "instructed-ga-s1", "plain-gepa-s0", "instructed-gepa-s0"]
+
+
+@pytest.mark.parametrize("strategy, variant", [("ga", "instructed"), ("gepa", "plain")])
+def test_a_run_config_is_the_preset_with_its_seed_variant_and_strategy(strategy, variant, tmp_path):
+    module = bench()
+    args = module.arguments(["--out-root", str(tmp_path), "--set", "NGEN=3"])
+    spec = module.Spec(variant, strategy, 7, tmp_path)
+    base = load_config(PRESET)
+    module.write_config(PRESET, spec.config, module.symbols_for(spec, base, args))
+    config = load_config(spec.config)  # a choice entry or symbol set twice would be refused here
+    assert (config.strategy, config.seed, config.instruction_in_search) == (strategy, 7, variant == "instructed")
+    assert config.output_dir == tmp_path / spec.name / "run" and config.ga.ngen == 3
+    assert (config.cluster_dir, config.model_path, config.cluster_seed) == (
+        base.cluster_dir, base.model_path, base.cluster_seed)  # every run steers the same clusters
+    if strategy == "gepa":  # about the fresh answers of the GA's 8 generations, on a valset of 20
+        assert config.max_metric_calls == module.ga_metric_calls(base, 32) > 32 * 8
+        assert config.gepa is not None and config.gepa.valset_size == 20

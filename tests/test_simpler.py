@@ -355,3 +355,31 @@ def test_taking_the_instruction_off_gives_the_examples_back():
     assert uninstructed(instructed(plain, INSTRUCTION), INSTRUCTION) == plain
     with pytest.raises(ValueError):
         uninstructed(plain, INSTRUCTION)
+
+
+@pytest.mark.slow
+def test_the_real_model_bench_reads_both_runs_into_its_six_arm_table(runs, instructed_run, tmp_path):
+    """benchmarks/bench_real_model.py --table-only over the two runs above, laid out as its own."""
+    from tests.test_real_model import bench
+
+    module = bench()
+    args = module.arguments(["--seeds", "0", "--strategies", "ga", "--out-root", str(tmp_path / "root"),
+                             "--docs-dir", str(tmp_path / "docs"), "--table-only"])
+    specs = module.plan(args)
+    for spec, out in zip(specs, (runs[1], instructed_run[0])):  # plain, then instructed
+        spec.folder.mkdir(parents=True)
+        (spec.folder / "run").symlink_to(out)
+        (spec.folder / "run.config").symlink_to(out.parent / "test.config")
+    module.write_table(specs, args)
+    result = read_json(tmp_path / "docs" / "results.json")
+    assert [r["name"] for r in result["runs"]] == ["plain-ga-s0", "instructed-ga-s0"] and result["questions"] == [1]
+    for run, variant in zip(result["runs"], ("n", "y")):
+        assert all(a["name"].startswith(name) for a, name in zip(run["arms"], ARMS[variant], strict=True))
+        assert all(a["vs_unsteered"]["questions"] == 1 for a in run["arms"])
+        assert [a["key"] for a in run["arms"] if a["vs_instruction"]] == (
+            ["instruction_deltas"] if variant == "n" else ["eos", "cap", "instruction_deltas"])
+    # The instructed run's instruction alone is the plain run's, answer for answer.
+    [plain_alone], [instructed_alone] = ([a["vs_unsteered"] for a in r["arms"] if a["key"] == "instruction"]
+                                         for r in result["runs"])
+    assert plain_alone == instructed_alone
+    assert (tmp_path / "docs" / "table.md").read_text().count("\n| plain · ga · seed 0 | ") == 6
