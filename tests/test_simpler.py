@@ -84,10 +84,16 @@ def runs(tmp_path_factory, shared, tiny_model_dir, uninterrupted) -> tuple[Path,
     """The same run with the simpler tools off and on (with an instruction), what the second
     printed, and the prompts its engine was given before any work."""
     del uninterrupted  # built the shared clusters
-    import compressor_2.engines.registry as registry
-
     off, on = tmp_path_factory.mktemp("simple_off"), tmp_path_factory.mktemp("simple_on")
     printed_by(off, shared, tiny_model_dir, **RUN)
+    printed, prompts = recorded(on, shared, tiny_model_dir, **RUN, **SIMPLE)
+    return off / "out", on / "out", printed, prompts
+
+
+def recorded(work: Path, shared: Path, model: Path, **symbols: str) -> tuple[str, list[dict[str, str]]]:
+    """What a run printed, and the prompts its engine was given before any work."""
+    import compressor_2.engines.registry as registry
+
     prompts: list[dict[str, str]] = []
     make_engine = registry.make_engine
 
@@ -97,8 +103,8 @@ def runs(tmp_path_factory, shared, tiny_model_dir, uninterrupted) -> tuple[Path,
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(registry, "make_engine", recording)
-        printed = printed_by(on, shared, tiny_model_dir, **RUN, **SIMPLE)
-    return off / "out", on / "out", printed, prompts
+        printed = printed_by(work, shared, model, **symbols)
+    return printed, prompts
 
 
 def nonzero(genome: str) -> list[int]:
@@ -246,20 +252,8 @@ ARMS = {  # the six arms' names, in order, on the end lines of a plain run and o
 def instructed_run(tmp_path_factory, shared, tiny_model_dir, runs) -> tuple[Path, str, dict[str, str]]:
     """The plain run with an instruction (`runs`' second) with every prompt carrying it: its
     output dir, what it printed, and the prompts its engine was given before any work."""
-    import compressor_2.engines.registry as registry
-
     work = tmp_path_factory.mktemp("in_search")
-    prompts: list[dict[str, str]] = []
-    make_engine = registry.make_engine
-
-    def recording(config, clusters, given=None):  # noqa: ANN001, ANN202 - make_engine's signature
-        prompts.append(dict(given or {}))
-        return make_engine(config, clusters, given)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(registry, "make_engine", recording)
-        printed = printed_by(work, shared, tiny_model_dir, **RUN, **IN_SEARCH)
-    [given] = prompts
+    printed, [given] = recorded(work, shared, tiny_model_dir, **RUN, **IN_SEARCH)
     return work / "out", printed, given
 
 
