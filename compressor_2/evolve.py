@@ -54,7 +54,7 @@ from compressor_2.run.outputs import refresh_outputs
 from compressor_2.run.plots import FRONT_PLOT
 from compressor_2.run.progress import say
 from compressor_2.run.services import Run
-from compressor_2.run.simpler import instructed_examples, simpler_options
+from compressor_2.run.simpler import other_side_examples, simpler_options
 from compressor_2.run.workers import Workers
 from compressor_2.run_directory import check_cluster_outputs, check_output_dir
 from compressor_2.strategies import Strategy, load_strategy
@@ -152,7 +152,7 @@ def open_run(config: Config, inputs: Inputs, strategy: Strategy) -> Iterator[tup
             # Every prompt the run will send, the checks' too: checked before any work.
             asked = (*inputs.examples, *inputs.heldout)
             engine = LazyEngine(config, inputs.clusters,
-                                {e.id: e.prompt for e in (*asked, *instructed_examples(config, asked))})
+                                {e.id: e.prompt for e in (*asked, *other_side_examples(config, asked))})
             yield services(config, inputs, archive, identity, reflector, engine, tokens, workers, strategy)
     finally:
         if reflector is not None:

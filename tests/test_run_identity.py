@@ -183,7 +183,9 @@ def rows(o: Others) -> dict[str, tuple[dict[str, str | None], dict[str, str | No
     checks = {"HOLDOUT_DATA": (holdout, {"HOLDOUT_DATA": f'"{o.work / "elsewhere.jsonl"}"'}),
               "HOLDOUT_INDICES": (holdout, {"HOLDOUT_INDICES": '"0"'}),
               "COMPARE_SIMPLE": (GA, {"COMPARE_SIMPLE": "y"}),
-              "COMPARE_INSTRUCTION": ({"COMPARE_SIMPLE": "y"}, {"COMPARE_INSTRUCTION": '"Answer briefly."'})}
+              "COMPARE_INSTRUCTION": ({"COMPARE_SIMPLE": "y"}, {"COMPARE_INSTRUCTION": '"Answer briefly."'}),
+              "INSTRUCTION_IN_SEARCH": ({"COMPARE_SIMPLE": "y", "COMPARE_INSTRUCTION": '"Answer briefly."'},
+                                        {"INSTRUCTION_IN_SEARCH": "y"})}
     choices = {
         "ENGINE_TRANSFORMERS": (SGLANG, {"ENGINE_SGLANG": None, "ENGINE_TRANSFORMERS": "y"}),
         "ENGINE_SGLANG": (GA, SGLANG),

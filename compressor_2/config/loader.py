@@ -55,6 +55,7 @@ class Config:
     # The simpler tools measured after the search
     compare_simple: bool
     compare_instruction: str  # "": none
+    instruction_in_search: bool  # every prompt of the run carries compare_instruction
     # Engine
     engine: EngineName
     model_path: str
@@ -200,6 +201,8 @@ def _checked(r: Reader) -> dict[str, Any]:
     instruction = r.string("COMPARE_INSTRUCTION").strip()
     require(len(instruction) <= MAX_INSTRUCTION and not re.search(r"[\x00-\x1f\x7f]", instruction),
             f"CONFIG_COMPARE_INSTRUCTION must be at most {MAX_INSTRUCTION} characters, with no control character")
+    require(instruction != "" or not r.flag("INSTRUCTION_IN_SEARCH"),
+            "CONFIG_INSTRUCTION_IN_SEARCH=y needs an instruction: CONFIG_COMPARE_INSTRUCTION is blank")
     template = r.string("PROMPT_TEMPLATE_PATH").strip()
     urls = tuple(u.strip().rstrip("/") for u in r.string("SGLANG_URLS").split(",") if u.strip())
     for url in urls:
@@ -238,6 +241,7 @@ def _paths_and_data(r: Reader, checked: dict[str, Any]) -> dict[str, Any]:
         holdout_indices=checked["holdout_indices"],
         compare_simple=r.flag("COMPARE_SIMPLE"),
         compare_instruction=checked["compare_instruction"],
+        instruction_in_search=r.flag("INSTRUCTION_IN_SEARCH"),
     )
 
 

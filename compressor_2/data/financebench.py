@@ -16,7 +16,7 @@ from typing import Any
 from compressor_2.config import Config
 from compressor_2.config.indices import repeated
 from compressor_2.data.example import Example
-from compressor_2.data.prompt import DEFAULT_TEMPLATE, build_prompt, load_template
+from compressor_2.data.prompt import DEFAULT_TEMPLATE, build_prompt, instructed, load_template
 from compressor_2.errors import ConfigError
 from compressor_2.file_kinds import check_readable_file
 
@@ -65,14 +65,21 @@ def load_examples(path: Path, indices: str = "all", template: str = DEFAULT_TEMP
 
 
 def examples_from_config(config: Config, indices: str | None = None) -> list[Example]:
-    """The configured pool, or `indices` (e.g. from `evaluate --indices`) when given."""
-    return load_examples(
+    """The configured pool, or `indices` (e.g. from `evaluate --indices`) when given, as the
+    run asks them (`as_asked`)."""
+    return as_asked(config, load_examples(
         config.financebench_jsonl_path,
         config.pool_indices if indices is None else indices,
         load_template(config.prompt_template_path),
         config.evidence_max_chars,
         "CONFIG_FINANCEBENCH_POOL_INDICES" if indices is None else "",
-    )
+    ))
+
+
+def as_asked(config: Config, examples: list[Example]) -> list[Example]:
+    """The examples as the run sends them: with CONFIG_INSTRUCTION_IN_SEARCH, the instruction
+    after every prompt, as the instruction tool adds it (the same prompts, the same ids)."""
+    return list(instructed(examples, config.compare_instruction)) if config.instruction_in_search else examples
 
 
 def holdout_examples(config: Config, pool: Sequence[Example]) -> list[Example]:
@@ -85,13 +92,14 @@ def holdout_examples(config: Config, pool: Sequence[Example]) -> list[Example]:
     examples = load_examples(config.holdout_data or config.financebench_jsonl_path,
                              config.holdout_indices or "all", load_template(config.prompt_template_path),
                              config.evidence_max_chars, "CONFIG_HOLDOUT_INDICES")
+    asked = as_asked(config, examples)
     ids, prompts = {ex.id for ex in pool}, {ex.prompt for ex in pool}
-    for ex in examples:
-        if ex.id in ids or ex.prompt in prompts:
+    for ex, sent in zip(examples, asked):
+        if sent.id in ids or sent.prompt in prompts:
             raise ConfigError(f"{source}: held-out example {ex.id!r} is also in the training pool "
                               "(CONFIG_FINANCEBENCH_JSONL_PATH, CONFIG_FINANCEBENCH_POOL_INDICES): the held-out "
                               "questions must be disjoint from the pool")
-    return examples
+    return asked
 
 
 def _read_records(path: Path) -> list[dict[str, Any]]:

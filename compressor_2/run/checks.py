@@ -35,11 +35,12 @@ from compressor_2.archive.database import Candidate, CheckResult, RunArchive, ge
 from compressor_2.data.example import Example
 from compressor_2.errors import ConfigError
 from compressor_2.fitness import Evaluation, Evaluator
+from compressor_2.run.arms import arms_lines
 from compressor_2.run.claims import HELDOUT, TRAINING, Arm, Claims
 from compressor_2.run.confidence import Paired, correctness_claim, tokens_claim
 from compressor_2.run.front import Point, pareto_front
 from compressor_2.run.progress import evaluate_with_bar, say
-from compressor_2.run.simpler import TOOLS_META, Record, Simpler, Tools, read_record, simpler_line
+from compressor_2.run.simpler import TOOLS_META, Record, Simpler, Tools, read_record, simpler_line, tools
 
 BASELINE_ID = 0  # the baseline's Point id when no candidate is the all-zero genome
 
@@ -136,11 +137,13 @@ def measured(now: Standing, record: Record | None) -> list[Measured]:
         named.setdefault(now.genome(cid), f"candidate #{cid}")
     found = [Measured(Arm(genome), TRAINING, name) for genome, name in named.items()]
     if record is not None:
-        found += [Measured(Arm(record.eos_genome), TRAINING, "the EOS-only best", tool=True),
-                  Measured(Arm(now.zeros, cap=record.cap), TRAINING, f"the cap at {record.cap} tokens", tool=True)]
-        if record.instruction:
-            found.append(Measured(Arm(now.zeros, instruction=record.instruction), TRAINING, "the instruction",
-                                  tool=True))
+        found += [Measured(tool.arm, TRAINING, tool.name, tool=True) for tool in tools(record, now.zeros)]
+        best = now.genome(now.best.id) if now.best is not None else None
+        if record.instruction and best in now.heldout:
+            # Measured with the held-out check that holds this best: on the instruction's other side too.
+            side = Arm(best, without=record.instruction) if record.in_search else \
+                Arm(best, instruction=record.instruction)
+            found.append(Measured(side, HELDOUT, "the best on the instruction's other side", tool=True))
         named.setdefault(record.eos_genome, "the EOS-only best")
     return found + [Measured(Arm(genome), HELDOUT, named.get(genome, "a genome of the held-out check"))
                     for genome in now.heldout]
@@ -166,10 +169,12 @@ def refuse_lost(claims: Claims, read: Sequence[Measured]) -> None:
                       f"deleted{why}; rerun evolve with this config, which answers them again")
 
 
-def heldout_line(g: Gain, claim: Paired) -> str:
-    """The held-out check's line: the best against the baseline on the held-out questions."""
+def heldout_line(g: Gain, claim: Paired, instructed: bool = False) -> str:
+    """The held-out check's line: the best against the baseline on the held-out questions
+    (`instructed`: the run's prompts carry the instruction, so its baseline is the instruction alone)."""
+    baseline = "the baseline's (the instruction alone)" if instructed else "the baseline's"
     return (f"held-out ({g.best_heldout.examples} questions): best #{g.best.id} {tokens_claim(claim)}, "
-            f"{correctness_claim(claim)} against the baseline's "
+            f"{correctness_claim(claim)} against {baseline} "
             f"{g.baseline_heldout.mean_tokens:.1f} tokens, {100 * g.baseline_heldout.correctness:.1f}% correct; "
             f"gap from training: {g.best_heldout.mean_tokens - g.best.tokens:+.1f} tokens, "
             f"{100 * (g.best_heldout.correctness - g.best.correctness):+.1f} points")
@@ -220,7 +225,7 @@ class Checks:
         self.measure_baseline()
         tools = Tools(self.evaluator, self.archive, self.pool, self.heldout, len(self.zeros), self.simpler)
         checked = self.heldout_check([tools.search_eos()])
-        tools.finish(best.mean_tokens)
+        tools.finish(best.mean_tokens, list(best.deltas.values()))
         return checked
 
     def heldout_check(self, extra: Sequence[Sequence[float]] = ()) -> int:
@@ -244,7 +249,8 @@ class Checks:
 
     def closing_lines(self, checked: int) -> list[str]:
         """What the run ends with: the held-out check's accounting and its line (when it
-        checked `checked` genomes), then the simpler tools' line (when they were measured)."""
+        checked `checked` genomes), then, when the simpler tools were measured, the six arms'
+        lines (with an instruction) and the simpler tools' line."""
         now = standing(self.archive)
         if now.best is None or now.zeros is None:
             return []
@@ -255,10 +261,12 @@ class Checks:
             lines.append(checks_line(self.archive, checked, len(self.heldout), self.simpler is not None))
             g, claim = now.gain, claims.paired(Arm(now.zeros), Arm(best), HELDOUT)
             if g is not None and claim is not None:
-                lines.append(heldout_line(g, claim))
+                lines.append(heldout_line(g, claim, self.simpler is not None and self.simpler.in_search))
         record = read_record(self.archive) if self.simpler is not None else None
-        line = simpler_line(claims, record, now.zeros, best) if record is not None else None
-        return lines + ([line] if line else [])
+        if record is None:
+            return lines
+        line = simpler_line(claims, record, now.zeros, best)
+        return lines + arms_lines(claims, record, now.zeros, best) + ([line] if line else [])
 
 
 def checks_line(archive: RunArchive, genomes: int, questions: int, simpler: bool) -> str:

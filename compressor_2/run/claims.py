@@ -1,7 +1,8 @@
 """The run's claims with their confidence: two ways of answering (an arm: a genome, that
 genome's answers cut at a token cap, or the genome with an instruction added to every
-prompt) on the same questions of a split, their answers read from the archive (the
-search's and the checks') and paired per question (compressor_2/run/confidence.py).
+prompt, or taken off the prompts of a run that carries it) on the same questions of a
+split, their answers read from the archive (the search's and the checks') and paired per
+question (compressor_2/run/confidence.py).
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ from dataclasses import dataclass
 from compressor_2.archive.database import Answer, CheckStore, RunArchive
 from compressor_2.config import Config
 from compressor_2.data.example import Example
+from compressor_2.data.prompt import instructed, uninstructed
 from compressor_2.fitness import example_key
 from compressor_2.run.confidence import LEVEL, Paired, compare, identical
 
 TRAINING, HELDOUT = "training", "heldout"
-INSTRUCTED = "+instruction"  # an instructed example's id: the example's and this
 
 
 @dataclass(frozen=True)
@@ -25,13 +26,7 @@ class Arm:
     genome: str  # genome_key of the deltas
     cap: int | None = None  # the answers cut at this many tokens (and judged again)
     instruction: str = ""  # added to every prompt
-
-
-def instructed(examples: Sequence[Example], instruction: str) -> tuple[Example, ...]:
-    """The examples with `instruction` after each prompt, in the same chat template: other
-    prompts, so other answers to the cache (and another id to the engine's prompt check)."""
-    return tuple(dataclasses.replace(ex, id=f"{ex.id}{INSTRUCTED}", prompt=f"{ex.prompt}\n\n{instruction}")
-                 for ex in examples)
+    without: str = ""  # taken off every prompt (CONFIG_INSTRUCTION_IN_SEARCH: the run's prompts carry it)
 
 
 def cap_context(context: str, cap: int) -> str:
@@ -75,6 +70,8 @@ class Claims:
         examples = self.examples[split]
         if arm.instruction:
             examples = instructed(examples, arm.instruction)
+        if arm.without:
+            examples = uninstructed(examples, arm.without)
         answers = self.answers(arm.genome)
         found = [answers.get(example_key(ex)) for ex in examples]
         if arm.cap is None:
@@ -93,7 +90,7 @@ class Claims:
         outcomes = self.outcomes(arm, split)
         if arm.cap is None:
             return all(o is None for o in outcomes)
-        plain = self.outcomes(Arm(arm.genome, instruction=arm.instruction), split)
+        plain = self.outcomes(dataclasses.replace(arm, cap=None), split)
         return any(p is not None and p.tokens > arm.cap and o is None for p, o in zip(plain, outcomes))
 
     def paired(self, reference: Arm, other: Arm, split: str) -> Paired | None:

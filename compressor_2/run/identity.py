@@ -34,6 +34,7 @@ from compressor_2.run.progress import say
 IDENTITY_KEY = "identity"  # in the archive's meta table
 DIGEST_CHARS = 16
 SHORT_VALUE = 120  # characters: longer values are recorded as a digest
+IN_SEARCH = "CONFIG_INSTRUCTION_IN_SEARCH (y: the instruction it adds)"  # its setting's name; "n" when off
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("the initial deltas (what CONFIG_INITIAL_DELTAS_PATH holds)", ("INITIAL_DELTAS_PATH",),
             lambda _, i: _initial(i)),
     Setting("CONFIG_SEED", ("SEED",), lambda c, _: c.seed),
+    # What every prompt of the search carries: the instruction's text while it is y.
+    Setting(IN_SEARCH, ("INSTRUCTION_IN_SEARCH",),
+            lambda c, _: c.compare_instruction if c.instruction_in_search else False),
     # The strategy's options.
     Setting("CONFIG_POPULATION_SIZE", ("POPULATION_SIZE",), _ga(lambda c: c.ga.population_size)),
     Setting("CONFIG_CXPB", ("CXPB",), _ga(lambda c: c.ga.cxpb)),
