@@ -1678,3 +1678,27 @@ def test_export_refuses_a_held_out_check_whose_answers_were_deleted(tmp_path, wi
                                             r"deleted \(or the held-out questions changed since the last check\); "
                                             r"rerun evolve with this config, which answers them again", lines[0]), lines
     assert every_file(work) == before
+
+
+def test_the_best_with_the_instruction_lost_is_refused_by_show_and_made_again_by_evolve(tmp_path, with_tools, shared,
+                                                                                        tiny_model_dir, capsys):
+    """The six arms read the best's held-out answers with the instruction added: with those
+    rows deleted, `show --front` refuses in one line naming run.sqlite (was: read on as if
+    the arm held fewer questions), and `evolve` measures them again and ends as before."""
+    work = Path(shutil.copytree(with_tools, tmp_path / "run"))
+    with closing(sqlite3.connect(work / "out" / "run.sqlite")) as db, db:
+        best = db.execute("SELECT genome FROM candidates ORDER BY fitness DESC, id LIMIT 1").fetchone()[0]
+        deleted = db.execute("DELETE FROM check_answers WHERE genome = ? AND example LIKE '%+instruction%'",
+                             (best,)).rowcount
+    assert deleted > 0
+    config = write_config(work, shared, tiny_model_dir, **WITH_TOOLS)
+    before = every_file(work)
+    capsys.readouterr()
+    assert main(["show", "--config", str(config), "--front"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and re.fullmatch(
+        r"error: '.*run\.sqlite' lost answers its records rest on \(the best on the instruction's other side's on "
+        r"the held-out questions\): .*rerun evolve with this config, which answers them again", lines[0]), lines
+    assert every_file(work) == before
+    assert main(["evolve", "--config", str(config)]) == 0, capsys.readouterr().err
+    assert main(["show", "--config", str(config), "--front"]) == 0, capsys.readouterr().err
