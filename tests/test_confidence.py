@@ -10,8 +10,9 @@ from scipy import stats
 
 from compressor_2.archive import Answer, CheckStore, RunArchive, genome_key
 from compressor_2.data.example import Example
+from compressor_2.data.prompt import instructed
 from compressor_2.fitness import example_key
-from compressor_2.verdict.claims import HELDOUT, TRAINING, Arm, Claims, cap_context, instructed
+from compressor_2.verdict.claims import HELDOUT, TRAINING, Arm, Claims, cap_context
 from compressor_2.verdict.confidence import (
     RESAMPLES, SEED, compare, correctness_claim, does_as_well, mcnemar_exact, mean_change_interval, newcombe_paired,
     tokens_claim, verdict, wilson,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from compressor_2.cli import main
 from compressor_2.commands.evolve import evolve
 from compressor_2.common.errors import ConfigError
 from compressor_2.config import load_config
+from compressor_2.data.example import Example
 from compressor_2.data.financebench import examples_from_config, holdout_examples
 from compressor_2.fitness import example_key
 from compressor_2.outputs.report import render
@@ -141,18 +143,23 @@ def test_show_front_prints_the_front_with_held_out_results(heldout_runs, capsys)
 # -- export, on a hand-built archive -------------------------------------------------------
 
 def hand_built(out: Path, ids: list[str], points: list[tuple[float, float, float]],
-               baseline_apart: tuple[float, float] | None = None) -> list[int]:
+               baseline_apart: tuple[float, float] | None = None, pool: Sequence[Example] = ()) -> list[int]:
     """An archive whose candidate i+1 has deltas (i+1)/10 on the first cluster and the
     (tokens, correctness, fitness) of points[i]; the first is all-zero unless the
-    baseline is measured apart, with (tokens, correctness)."""
+    baseline is measured apart, with (tokens, correctness). Each candidate's answers to
+    `pool` are stored (right, in its tokens): what `show --front` reads of them."""
     out.mkdir(parents=True, exist_ok=True)
     archive = RunArchive.open(out / "run.sqlite")
     try:
+        archive.set_meta({"context": "ctx"})
         added = archive.add([
             Candidate({cid: (i + 1) / 10 if k == 0 and (i or baseline_apart) else 0.0 for k, cid in enumerate(ids)},
                       "", "initial" if i == 0 else "mutation", () if i == 0 else (1,), "ga", i, fitness=f,
                       mean_tokens=t, correctness=c)
             for i, (t, c, f) in enumerate(points)])
+        for candidate, (tokens, _, _) in zip(added, points):
+            genome = genome_key(list(candidate.deltas.values()))
+            archive.store({(genome, example_key(ex)): Answer("$5", round(tokens), True, "") for ex in pool}, "ctx", 0)
         if baseline_apart:
             tokens, correct = baseline_apart
             archive.record_checks("training", [CheckResult("training", genome_key([0.0] * len(ids)), 3, tokens,
@@ -240,7 +247,7 @@ def test_export_chooses_by_the_held_out_upper_bound_not_the_training_estimate(tm
                                         "evidence": [{"evidence_text_full_page": f"Item {i} was $5."}]}) + "\n"
                             for i in range(HELD_OUT)))
     config = write_config(tmp_path, shared, tiny_model_dir, HOLDOUT_DATA=f'"{data}"')
-    hand_built(tmp_path / "out", ids, POINTS)
+    hand_built(tmp_path / "out", ids, POINTS, pool=examples_from_config(load_config(config)))
     # The front: #4 (8 tokens, 95%), #6 (10, 98.5%), #3 (12, 99%), #2 (20, 100%). Held out, #4 loses 6 of the 40
     # questions (its drop's upper bound is far above 0.15), the others none (an upper bound of 8.8 points).
     held_out_answers(tmp_path / "out", config, ids, {4: 6, 6: 0, 3: 0, 2: 0})

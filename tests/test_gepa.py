@@ -260,7 +260,8 @@ def test_a_kept_child_continues_its_parents_round_robin(tmp_path, shared_eight_c
 
     records: list[dict] = []
 
-    def drive(run, g: gepa.Gepa) -> str:
+    def drive(run, g: gepa.Gepa, begin) -> str:  # noqa: ANN001 - evolve's own arguments
+        begin()
         g.start()
         [seed] = g.state.pool
         g.state.next_component[str(seed)] = 5  # the parent's next component is cluster 5

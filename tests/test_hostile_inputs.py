@@ -206,6 +206,11 @@ def own_deltas(scene: Scene) -> Path:
     return path
 
 
+def artifact_as(scene: Scene, symbol: str, artifact: str) -> dict[str, str]:
+    """Symbols for a copy of the shared clusters with `symbol` naming its `artifact`."""
+    return {**scene.clusters_copy(), symbol: f'"{scene.work / "clusters" / artifact}"'}
+
+
 def sidecar_of_5(scene: Scene) -> Path:
     best = scene.finished_run() / "deltas_best.json"
     (scene.out / "deltas_best.clusters.json").write_text('{"cluster_map": 5}')
@@ -239,6 +244,11 @@ def garbled_snapshots(scene: Scene) -> list[str]:
 STATE, HISTORY = "evolution_state.json", "history.json"
 NAN = float("nan")
 HUGE = 10 ** 400  # an integer JSON holds but no float does
+
+
+# Issue AB item 1: what a reader without an engine says of answers the archive lost.
+LOST = (r"run\.sqlite' lost answers its records rest on \({}\): rows of its answer tables were deleted; rerun "
+        r"evolve with this config, which answers them again")
 
 
 def every_answer(column: str, value: str) -> str:
@@ -566,6 +576,60 @@ CASES = [
          2, r"reflector_prompts' is a regular file, not a directory: a run writes it; move it away"),
     Case("history.json made a directory", lambda s: reshaped(s, "history.json", "directory"),
          2, r"history\.json' is a directory, not a regular file: a run writes it; move it away"),
+    # -- issue AB, item 5: lists and mappings once bent silently ------------------------------------
+    option_case("a question twice in the pool", {"FINANCEBENCH_POOL_INDICES": '"0-5,3"'},
+                r"CONFIG_FINANCEBENCH_POOL_INDICES='0-5,3' names index 3 more than once \('0-5' and '3'\): a "
+                r"question listed twice would count twice; list each once"),
+    Case("evolve with a question twice in the pool",
+         lambda s: s.command("evolve", NGEN=RESUMED_NGEN, FINANCEBENCH_POOL_INDICES='"2,0-2"'),
+         2, r"CONFIG_FINANCEBENCH_POOL_INDICES='2,0-2' names index 2 more than once \('2' and '0-2'\)"),
+    option_case("a held-out question twice", {"HOLDOUT_INDICES": '"7,5-9"'},
+                r"CONFIG_HOLDOUT_INDICES='7,5-9' names index 7 more than once \('7' and '5-9'\)"),
+    option_case("a valset position three times",
+                {**STRATEGY_RUNS["gepa"][0], "GEPA_VALSET_INDICES": '"0,0,0"'},
+                r"CONFIG_GEPA_VALSET_INDICES='0,0,0' names position 0 more than once \('0' twice\)"),
+    option_case("an issue type weighted twice", {"STRATEGY_ARCHIVE": "y", "ARCHIVE_ISSUE_WEIGHTS": '"wrong=1,wrong=2"'},
+                r"CONFIG_ARCHIVE_ISSUE_WEIGHTS names wrong more than once \('wrong=1' and 'wrong=2'\): give each "
+                r"issue type one weight"),
+    # -- issue AB, item 2: a build's own files named as inputs -------------------------------------
+    Case("the cluster map as the descriptions", lambda s: s.command("evolve", NGEN=RESUMED_NGEN, **artifact_as(
+         s, "CLUSTER_DESCRIPTIONS_PATH", "token_clusters.npy")),
+         2, r"CONFIG_CLUSTER_DESCRIPTIONS_PATH='.*clusters/token_clusters\.npy' is a cluster artifact in "
+            r"CONFIG_CLUSTER_DIR \(token_clusters\.npy\), which a cluster build writes: name another file"),
+    Case("the cluster record as the initial deltas", lambda s: s.command("check-config", **artifact_as(
+         s, "INITIAL_DELTAS_PATH", "fingerprint.json")),
+         2, r"CONFIG_INITIAL_DELTAS_PATH='.*clusters/fingerprint\.json' is a cluster artifact in CONFIG_CLUSTER_DIR "
+            r"\(fingerprint\.json\)"),
+    Case("the initial deltas as the training data", lambda s: s.command("evaluate", **artifact_as(
+         s, "FINANCEBENCH_JSONL_PATH", "initial_deltas.json")),
+         2, r"CONFIG_FINANCEBENCH_JSONL_PATH='.*clusters/initial_deltas\.json' is the file of "
+            r"CONFIG_INITIAL_DELTAS_PATH, which a cluster build writes"),
+    Case("the build's ledger as the prompt template", lambda s: s.command("evolve", NGEN=RESUMED_NGEN, **artifact_as(
+         s, "PROMPT_TEMPLATE_PATH", "written.json")),
+         2, r"CONFIG_PROMPT_TEMPLATE_PATH='.*clusters/written\.json' is a cluster artifact in CONFIG_CLUSTER_DIR "
+            r"\(written\.json\)"),
+    Case("the descriptions as the held-out data", lambda s: s.command("check-config", **artifact_as(
+         s, "HOLDOUT_DATA", "cluster_descriptions.json")),
+         2, r"CONFIG_HOLDOUT_DATA='.*clusters/cluster_descriptions\.json' is the file of "
+            r"CONFIG_CLUSTER_DESCRIPTIONS_PATH"),
+    Case("evaluate --data the embeddings", lambda s: s.command(
+         "evaluate", "--data", str(s.work / "clusters" / "embeddings.npy"), **s.clusters_copy()),
+         2, r"evaluate --data '.*clusters/embeddings\.npy' is a cluster artifact in CONFIG_CLUSTER_DIR "
+            r"\(embeddings\.npy\)"),
+    Case("generate-processor --deltas the descriptions", lambda s: s.processor(
+         s.work / "p.py", s.work / "clusters" / "cluster_descriptions.json", **s.clusters_copy()),
+         2, r"generate-processor --deltas '.*clusters/cluster_descriptions\.json' is the file of "
+            r"CONFIG_CLUSTER_DESCRIPTIONS_PATH"),
+    # -- issue AB, item 1: answers the archive lost, read where no engine can make them again ------
+    Case("show --front after the answers were deleted",
+         lambda s: s.edit_archive("DELETE FROM evaluations", command=("show", "--front")), 2, LOST.format(
+             r"the unsteered baseline's on the training pool, and \d+ more")),
+    Case("report after the answer table was dropped",
+         lambda s: s.edit_archive("DROP TABLE evaluations", command=("report",)), 2, LOST.format(
+             r"the unsteered baseline's on the training pool, and \d+ more")),
+    Case("show the best after its answers were deleted", lambda s: s.edit_archive(
+         f"DELETE FROM evaluations WHERE genome = (SELECT genome FROM candidates WHERE id = {best_candidate(s)})",
+         command=("show", best_candidate(s))), 2, LOST.format(r"candidate #\d+'s on the training pool")),
 ]
 
 
@@ -592,7 +656,7 @@ def test_a_hostile_input_gets_one_line_and_its_exit_code(case: Case, tmp_path, s
                                                           strategy_runs, capsys):
     scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted, strategy_runs)
     argv = case.plant(scene)
-    files, answers = run_files(scene.out), answers_stored(scene.out)
+    files = left_as_it_was(scene)
     capsys.readouterr()
     code = main(argv)
     captured = capsys.readouterr()
@@ -603,7 +667,18 @@ def test_a_hostile_input_gets_one_line_and_its_exit_code(case: Case, tmp_path, s
     lines = captured.err.strip().splitlines()
     assert (code, len(lines)) == (case.code, 1), captured.err
     assert re.fullmatch(rf"error: .*{case.pattern}.*", lines[0]), lines[0]
-    assert answers_stored(scene.out) == answers and run_files(scene.out) == files
+    changed = {name for name in files.keys() | left_as_it_was(scene).keys()
+               if files.get(name) != left_as_it_was(scene).get(name)}
+    assert not changed, changed
+
+
+def left_as_it_was(scene: Scene) -> dict[str, bytes]:
+    """What a refusal leaves byte for byte (issue AB): every file of the scene (its run
+    directory and archive, its copy of the clusters, its inputs) and of the session's shared
+    clusters; but the pid every evolve writes into run.lock, and the -wal and -shm files
+    SQLite keeps beside an open archive (its rows are in run.sqlite)."""
+    return {str(p): p.read_bytes() for root in (scene.work, scene.shared / "clusters") for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name not in ("run.lock", "run.sqlite-wal", "run.sqlite-shm")}
 
 
 # -- issue X items 3 and 6 (driver): refuse before you write; deltas_best.json never trusted -----
@@ -633,11 +708,11 @@ def test_a_refused_resume_leaves_every_file_as_it_was_the_clusters_included(symb
 
 
 def archive_dump(out: Path) -> list[str]:
-    """The archive's rows, whatever their order, but its meta table: opening the archive
-    records the identity's allowed changes (here the raised NGEN) before the run files
-    are read."""
+    """The archive's rows, whatever their order, its meta table included: the identity's
+    allowed changes (here the raised NGEN) are recorded once the run files were read
+    (issue AB item 3; they were recorded before)."""
     with closing(sqlite3.connect(out / "run.sqlite")) as db:
-        return sorted(line for line in db.iterdump() if not line.startswith('INSERT INTO "meta"'))
+        return sorted(db.iterdump())
 
 
 @pytest.mark.parametrize("edit", [
@@ -1407,3 +1482,223 @@ def test_a_rebuild_interrupted_after_withdrawing_the_set_still_owns_its_descript
     capsys.readouterr()
     assert main(scene.command("build-clusters", **symbols)) == 0, capsys.readouterr().err
     assert (tmp_path / "clusters" / "fingerprint.json").is_file()
+
+
+def test_the_issue_weights_say_what_a_type_left_out_gets(tmp_path, shared, tiny_model_dir):
+    """Issue AB, item 5: "cut_short=2" is accepted, and the help says what it means for the
+    other three types."""
+    import kconfiglib
+
+    from compressor_2.config import KCONFIG_PATH, load_config
+
+    config = load_config(write_config(tmp_path, shared, tiny_model_dir, STRATEGY_ARCHIVE="y",
+                                      ARCHIVE_ISSUE_WEIGHTS='"cut_short=2"'))
+    assert config.archive is not None and config.archive.issue_weights == (("cut_short", 2.0),)
+    help_text = kconfiglib.Kconfig(str(KCONFIG_PATH), warn_to_stderr=False).syms["ARCHIVE_ISSUE_WEIGHTS"].nodes[0].help
+    assert "a type left out gets 0" in " ".join(help_text.split())
+
+
+# == Issue AB, items 3 and 4: compare first, write after; clusters keyed by the vocabulary =====
+
+def meta_of(out: Path, key: str) -> str:
+    with closing(sqlite3.connect(out / "run.sqlite")) as db:
+        return str(db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()[0])
+
+
+def test_a_resume_refused_for_its_initial_deltas_writes_nothing_first(tmp_path, shared, tiny_model_dir, uninterrupted,
+                                                                       capsys):
+    """Item 3: a run started from deltas of its own, resumed with CONFIG_INITIAL_DELTAS_PATH
+    naming a file not there yet: the cluster build wrote all-zero deltas there, their sidecar
+    and its record before the run compared them with its own and refused. Now every file of
+    the run and of the clusters is as it was, byte for byte."""
+    scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted, lambda strategy: uninterrupted)
+    clusters = scene.clusters_copy()
+    ids = json.loads((tmp_path / "clusters" / "initial_deltas.json").read_text(encoding="utf-8"))
+    mine = planted(scene, json.dumps({cid: 0.5 for cid in ids}).encode(), "mine.json")
+    assert main(scene.command("evolve", NGEN="1", **{**clusters, "INITIAL_DELTAS_PATH": f'"{mine}"'})) == 0
+    new = tmp_path / "clusters" / "new.json"
+    argv = scene.command("evolve", NGEN="2", **{**clusters, "INITIAL_DELTAS_PATH": f'"{new}"'})
+    before = left_as_it_was(scene)
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "holds a run started with other settings" in err[0], err
+    assert err[1].startswith('  the initial deltas (what CONFIG_INITIAL_DELTAS_PATH holds): {"0": 0.5'), err
+    assert left_as_it_was(scene) == before
+
+
+def test_a_resume_refused_with_a_copied_model_writes_nothing_first(tmp_path, shared, tiny_model_dir, uninterrupted,
+                                                                    capsys):
+    """Items 3 and 4: the model copied with a note beside it (its tokenizer files then differ
+    from the ones the clusters recorded, its vocabulary does not) and the initial deltas
+    edited: the build rebuilt the clusters for the new path (and would refresh its record),
+    then the resume was refused. Now the clusters are the same and nothing is written."""
+    scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted, lambda strategy: uninterrupted)
+    clusters = scene.clusters_copy()
+    scene.finished_run()
+    model = Path(shutil.copytree(tiny_model_dir, tmp_path / "model"))
+    (model / "README.md").write_text("a copy, with notes")
+    initial = tmp_path / "clusters" / "initial_deltas.json"
+    initial.write_text(json.dumps({cid: 0.5 for cid in json.loads(initial.read_text(encoding="utf-8"))}))
+    argv = scene.command("evolve", NGEN=RESUMED_NGEN, MODEL_PATH=f'"{model}"', **clusters)
+    before = left_as_it_was(scene)
+    capsys.readouterr()
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert "clusters up to date" in captured.out, captured.out
+    assert captured.err.strip().splitlines()[1].startswith("  the initial deltas"), captured.err
+    assert left_as_it_was(scene) == before
+
+
+def test_a_copied_model_resumes_the_run_on_its_clusters_and_answers(tmp_path, shared, tiny_model_dir, uninterrupted,
+                                                                     capsys):
+    """Item 4: the same model in another directory is the same model: the resumed run
+    reuses the clusters without a rebuild (fingerprint.json byte for byte: a processor
+    steering by reference holds its fingerprint) and the answers cached under the context
+    the run recorded."""
+    scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted, lambda strategy: uninterrupted)
+    clusters = scene.clusters_copy()
+    out = scene.finished_run()
+    model = Path(shutil.copytree(tiny_model_dir, tmp_path / "elsewhere" / "model"))
+    record = (tmp_path / "clusters" / "fingerprint.json").read_bytes()
+    context, hits = meta_of(out, "context"), int(meta_of(out, "cache_hits"))
+    capsys.readouterr()
+    assert main(scene.command("evolve", NGEN=RESUMED_NGEN, MODEL_PATH=f'"{model}"', **clusters)) == 0
+    printed = capsys.readouterr().out
+    assert "clusters up to date" in printed and not re.search(r"^built \d+ clusters", printed, re.M), printed
+    assert (tmp_path / "clusters" / "fingerprint.json").read_bytes() == record
+    assert meta_of(out, "context") == context and int(meta_of(out, "cache_hits")) > hits
+    assert json.loads((out / STATE).read_text(encoding="utf-8"))["generation"] == int(RESUMED_NGEN)
+
+
+def test_a_set_recorded_with_the_model_path_keeps_its_fingerprint(tmp_path, shared, tiny_model_dir, uninterrupted,
+                                                                  capsys):
+    """Item 4, for the clusters users have: a set built when the model's path was an input
+    (its record names the path, its fingerprint hashed it) is taken as it is, wherever the
+    model lies now: no rebuild, and the fingerprint deployed processors hold is kept."""
+    from compressor_2.clusters.build import build_clusters
+    from tests.test_evolution_support import config_for
+
+    scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted, lambda strategy: uninterrupted)
+    clusters = scene.clusters_copy()
+    path = tmp_path / "clusters" / "fingerprint.json"
+    record = json.loads(path.read_text(encoding="utf-8"))
+    record["inputs"]["model_path"], record["fingerprint"] = "/where/the/model/was", "f" * 64
+    path.write_text(json.dumps(record))
+    model = Path(shutil.copytree(tiny_model_dir, tmp_path / "model"))
+    capsys.readouterr()
+    assert build_clusters(config_for(tmp_path, shared, model, **clusters)).fingerprint == "f" * 64
+    assert "clusters up to date" in capsys.readouterr().out
+    assert json.loads(path.read_text(encoding="utf-8")) == record
+
+
+def test_clusters_of_another_vocabulary_are_refused_by_what_reads_them(tmp_path, shared, tiny_model_dir, uninterrupted,
+                                                                      capsys):
+    """Item 4's other side: without the path in the key, the vocabulary tells the clusters
+    of one model from another's, for what reads them without building (generate-processor)."""
+    from tests.conftest import build_tiny_model
+
+    scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted, lambda strategy: uninterrupted)
+    other = build_tiny_model(tmp_path / "other_model", vocab_size=280)
+    argv = scene.processor(tmp_path / "p.py", MODEL_PATH=f'"{other}"', **scene.clusters_copy())
+    before = left_as_it_was(scene)
+    capsys.readouterr()
+    assert main(argv) == 2
+    assert re.fullmatch(r"error: CONFIG_MODEL_PATH='.*other_model' has another vocabulary than the clusters were "
+                        r"built from: run `python -m compressor_2 build-clusters.*", capsys.readouterr().err.strip())
+    assert left_as_it_was(scene) == before
+
+
+# == Issue AB, item 1: an emptied answer cache is a cache: evolve makes the answers again =========
+
+# A run with a held-out question and the simpler tools (their cap reads the baseline's answers).
+WITH_TOOLS = {"FINANCEBENCH_POOL_INDICES": '"0-1"', "HOLDOUT_INDICES": '"2"', "NGEN": "2", "COMPARE_SIMPLE": "y",
+              "COMPARE_INSTRUCTION": '"Answer with the figure only."'}
+
+
+@pytest.fixture(scope="module")
+def with_tools(tmp_path_factory, shared, tiny_model_dir, uninterrupted) -> Path:
+    """The finished run of WITH_TOOLS (its work directory)."""
+    from compressor_2.commands.evolve import evolve
+    from tests.test_evolution_support import config_for
+
+    del uninterrupted  # built the shared clusters
+    work = tmp_path_factory.mktemp("with_tools")
+    evolve(config_for(work, shared, tiny_model_dir, **WITH_TOOLS))
+    return work
+
+
+def claims_printed(printed: str) -> list[str]:
+    """The run's claims: the held-out line and the simpler tools' (the accounting line
+    before them counts the answers made, which a lost cache changes)."""
+    return [line for line in printed.splitlines() if line.startswith(("held-out (", "simpler tools "))]
+
+
+@pytest.mark.parametrize("damage", [("DELETE FROM evaluations",), ("DROP TABLE evaluations",),
+                                    ("DELETE FROM check_answers",),
+                                    ("DELETE FROM evaluations", "DELETE FROM check_answers")],
+                         ids=["evaluations deleted", "evaluations dropped", "check answers deleted", "both deleted"])
+def test_an_emptied_answer_cache_is_answered_again_and_the_run_ends_as_it_would(damage, tmp_path, with_tools, shared,
+                                                                                 tiny_model_dir, capsys):
+    """The finished run resumed with one more generation: with its answers deleted it ended
+    in `ZeroDivisionError` (the cap divided by the baseline answers it found), after the
+    state and the plots were written. Now the answers the outputs read are made again
+    before the first step, and the run ends with the claims of the same run undamaged;
+    `show` and `report` read it again."""
+    intact, damaged = (Path(shutil.copytree(with_tools, tmp_path / name)) for name in ("intact", "damaged"))
+    with closing(sqlite3.connect(damaged / "out" / "run.sqlite")) as db, db:
+        for statement in damage:
+            db.execute(statement)
+    ends = []
+    for work in (intact, damaged):
+        config = write_config(work, shared, tiny_model_dir, **{**WITH_TOOLS, "NGEN": "3"})
+        capsys.readouterr()
+        assert main(["evolve", "--config", str(config)]) == 0, capsys.readouterr().err
+        ends.append(claims_printed(capsys.readouterr().out))
+    assert len(ends[0]) == 2 and ends[1] == ends[0]
+    for command in (["show", "--front"], ["report"]):
+        assert main([command[0], "--config", str(damaged / "test.config"), *command[1:]]) == 0, capsys.readouterr().err
+
+
+def test_export_refuses_a_held_out_check_whose_answers_were_deleted(tmp_path, with_tools, shared, tiny_model_dir,
+                                                                    capsys):
+    """export chooses by the held-out check's answers; with them deleted it chose on the
+    training front instead, as if no check had run ("Unvalidated"). Refused now, in one
+    line naming run.sqlite, and nothing written."""
+    work = Path(shutil.copytree(with_tools, tmp_path / "run"))
+    with closing(sqlite3.connect(work / "out" / "run.sqlite")) as db, db:
+        db.execute("DELETE FROM check_answers")
+    config = write_config(work, shared, tiny_model_dir, **WITH_TOOLS)
+    before = every_file(work)
+    capsys.readouterr()
+    assert main(["export", "--config", str(config), "--max-correctness-drop", "0.5"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and re.fullmatch(r"error: '.*run\.sqlite' lost answers its records rest on \(.*'s on the "
+                                            r"held-out questions(, and \d+ more)?\): rows of its answer tables were "
+                                            r"deleted \(or the held-out questions changed since the last check\); "
+                                            r"rerun evolve with this config, which answers them again", lines[0]), lines
+    assert every_file(work) == before
+
+
+def test_the_best_with_the_instruction_lost_is_refused_by_show_and_made_again_by_evolve(tmp_path, with_tools, shared,
+                                                                                        tiny_model_dir, capsys):
+    """The six arms read the best's held-out answers with the instruction added: with those
+    rows deleted, `show --front` refuses in one line naming run.sqlite (was: read on as if
+    the arm held fewer questions), and `evolve` measures them again and ends as before."""
+    work = Path(shutil.copytree(with_tools, tmp_path / "run"))
+    with closing(sqlite3.connect(work / "out" / "run.sqlite")) as db, db:
+        best = db.execute("SELECT genome FROM candidates ORDER BY fitness DESC, id LIMIT 1").fetchone()[0]
+        deleted = db.execute("DELETE FROM check_answers WHERE genome = ? AND example LIKE '%+instruction%'",
+                             (best,)).rowcount
+    assert deleted > 0
+    config = write_config(work, shared, tiny_model_dir, **WITH_TOOLS)
+    before = every_file(work)
+    capsys.readouterr()
+    assert main(["show", "--config", str(config), "--front"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and re.fullmatch(
+        r"error: '.*run\.sqlite' lost answers its records rest on \(the best on the instruction's other side's on "
+        r"the held-out questions\): .*rerun evolve with this config, which answers them again", lines[0]), lines
+    assert every_file(work) == before
+    assert main(["evolve", "--config", str(config)]) == 0, capsys.readouterr().err
+    assert main(["show", "--config", str(config), "--front"]) == 0, capsys.readouterr().err

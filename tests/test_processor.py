@@ -20,9 +20,10 @@ import torch
 
 from compressor_2.clusters.build import build_clusters
 from compressor_2.clusters.clusterset import ClusterSet
-from compressor_2.clusters.layout import FINGERPRINT_FILE
+from compressor_2.clusters.layout import FINGERPRINT_FILE, UNSTEERED
 from compressor_2.common.errors import ConfigError
 from compressor_2.config import Config
+from compressor_2.steering.bias import apply_bias, gather_index
 from compressor_2.steering.generate import generate_processor
 from compressor_2.steering.processor import (
     SteeringProcessor,
@@ -192,6 +193,115 @@ def test_logits_of_another_dtype_get_their_own_rows(clusters: ClusterSet) -> Non
         expected = logits[0].clone()
         expected[:VOCAB] += torch.tensor(DELTAS[0], dtype=dtype)[torch.as_tensor(clusters.token_clusters)]
         assert out.dtype == dtype and torch.equal(out[0], expected)
+
+
+def _reference(logits: torch.Tensor, deltas_rows: list[list[float] | None], index: torch.Tensor) -> torch.Tensor:
+    """What `apply_bias` makes of the logits, a row without deltas adding zeros."""
+    rows = torch.tensor([d if d is not None else [0.0] * CLUSTERS for d in deltas_rows], dtype=torch.float64)
+    return apply_bias(logits.clone(), rows, index)
+
+
+def _map_with_unsteered(folder: Path) -> ClusterSet:
+    clusters = _cluster_set(folder)
+    clusters.token_clusters[::7] = UNSTEERED  # special tokens: in no cluster, bias 0
+    np.save(clusters.token_clusters_path, clusters.token_clusters)
+    return clusters
+
+
+def _requests(clusters: ClusterSet, count: int, seed: int) -> list[dict]:
+    """Requests' custom_params as SGLang holds them: each its own dict, for the request's life."""
+    rng = np.random.default_rng(seed)
+    return [_with_req(custom_params(rng.normal(0, 2, CLUSTERS).tolist(), clusters)) for _ in range(count)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_every_step_is_exactly_apply_bias_as_requests_join_and_leave(tmp_path: Path, dtype: torch.dtype) -> None:
+    clusters = _map_with_unsteered(tmp_path / "clusters")
+    tc, index = clusters.token_clusters, gather_index(torch.from_numpy(clusters.token_clusters), CLUSTERS)
+    baked = [0.75, -1.5, 0.0, 2.0, -0.125]
+
+    class Baked(SteeringProcessor):
+        default_deltas = tuple(baked)
+        default_cluster_map = encode_cluster_map(tc)
+
+    a, b, c, d, e = _requests(clusters, 5, seed=1)
+    zero = _with_req(custom_params([0.0] * CLUSTERS, clusters))
+    bad = _with_req({**custom_params(baked, clusters), "deltas": [1.0, math.nan, 0.0, 0.0, 0.0]})
+    default = _with_req({})  # no deltas: the baked-in ones
+    steering = {id(p): p["deltas"] for p in (a, b, c, d, e)}
+    steering.update({id(zero): None, id(bad): None, id(default): baked})
+    # A running batch's steps as SGLang calls the processor: the same params objects while
+    # nothing changes, rows leaving (filter), joining at the end (merge), in a new order.
+    batches = [[a, b, None, c], [a, b, None, c], [a, c], [a, c, d, zero, bad], [a, c, d, zero, bad],
+               [d, a], [default, e, b], [a, b, None, c], [e], [None, default]]
+    generator = torch.Generator().manual_seed(0)
+    for params in batches:
+        logits = torch.randn(len(params), WIDTH, generator=generator).to(dtype)
+        expected = _reference(logits, [baked if p is None else steering[id(p)] for p in params], index)
+        for _ in range(2):  # the batch's first step, then one from what was kept
+            out = Baked()(logits.clone(), list(params))
+            assert out.dtype == dtype and torch.equal(out, expected), [steering.get(id(p)) for p in params]
+        assert torch.equal(out[:, VOCAB:], logits[:, VOCAB:])  # the model's padding columns: no bias
+
+
+@pytest.mark.parametrize("kept_rows, kept_batches", [(1, 2), (4096, 1)])  # each cache outlives the other
+def test_a_new_request_never_gets_the_deltas_of_one_that_left(clusters: ClusterSet, kept_rows: int,
+                                                             kept_batches: int) -> None:
+    class Forgetful(SteeringProcessor):  # keeps little: what it drops is freed at once
+        cache_size = kept_rows
+        batch_cache_size = kept_batches
+        _rows: dict = {}
+        _known: dict = {}
+        _batches: dict = {}
+
+    index = gather_index(torch.from_numpy(clusters.token_clusters), CLUSTERS)
+    rng = np.random.default_rng(2)
+    for _ in range(40):
+        # A request before this one has finished and its dict is gone: CPython gives its
+        # memory, and so its id, to a dict made later. That one must not inherit its deltas.
+        deltas = rng.normal(0, 2, CLUSTERS).tolist()
+        params = [{"deltas": deltas, "token_clusters": str(clusters.token_clusters_path), "__req__": object()}]
+        logits = torch.randn(1, WIDTH)
+        assert torch.equal(Forgetful()(logits.clone(), params), _reference(logits, [deltas], index))
+        del params
+
+
+def test_the_same_requests_in_another_batch_get_their_own_rows(clusters: ClusterSet) -> None:
+    index = gather_index(torch.from_numpy(clusters.token_clusters), CLUSTERS)
+    a, b = _requests(clusters, 2, seed=3)
+    for params in ([a, b], [b, a], [a], [b], [b, b], [a, b]):
+        for dtype, width in ((torch.float32, WIDTH), (torch.float16, WIDTH), (torch.float32, VOCAB - 10)):
+            logits = torch.randn(len(params), width).to(dtype)
+            expected = _reference(logits, [p["deltas"] for p in params], index)
+            assert torch.equal(SteeringProcessor()(logits.clone(), params), expected)
+    # Rows without params get the deltas of the class called, not of one called before.
+    logits = torch.randn(1, WIDTH)
+    assert torch.equal(SteeringProcessor()(logits.clone(), [None]), logits)
+
+    class Baked(SteeringProcessor):
+        default_deltas = tuple(DELTAS[0])
+        default_cluster_map = encode_cluster_map(clusters.token_clusters)
+
+    assert torch.equal(Baked()(logits.clone(), [None]), _reference(logits, [DELTAS[0]], index))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU: torch's sync debug mode checks CUDA only")
+def test_no_step_synchronises_host_and_gpu(tmp_path: Path) -> None:
+    clusters = _map_with_unsteered(tmp_path / "clusters")
+    index = gather_index(torch.from_numpy(clusters.token_clusters), CLUSTERS)
+    a, b, c = _requests(clusters, 3, seed=4)
+    batches = [[a, b], [a, b], [a, None, b, c], [c, a], [a, b]]  # first step, kept, joined, left, kept
+    for dtype in (torch.float32, torch.bfloat16):
+        SteeringProcessor._maps.clear()  # the map's load is checked too
+        for params in batches:
+            logits = torch.randn(len(params), WIDTH, device="cuda").to(dtype)
+            expected = _reference(logits.cpu(), [p and p["deltas"] for p in params], index)
+            torch.cuda.set_sync_debug_mode("error")  # a synchronising call raises
+            try:
+                out = SteeringProcessor._steer(logits, params)  # not __call__: it would swallow the error
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            assert torch.equal(out.cpu(), expected)
 
 
 def test_custom_params_checks_the_count(clusters: ClusterSet) -> None:

@@ -170,7 +170,8 @@ def rows(o: Others) -> dict[str, tuple[dict[str, str | None], dict[str, str | No
         "FINANCEBENCH_JSONL_PATH": o.data(), "FINANCEBENCH_POOL_INDICES": '"0-1"',
         "PROMPT_TEMPLATE_PATH": o.template(), "EVIDENCE_MAX_CHARS": "10", "MODEL_PATH": '"/elsewhere/model"',
         "MAX_NEW_TOKENS": "9", "TEMPERATURE": '"0.7"', "TRANSFORMERS_BATCH_SIZE": "4",
-        "TRANSFORMERS_DEVICE": '"auto"', "TRANSFORMERS_THREADS": "1", "EVAL_CONCURRENCY": "8",
+        "TRANSFORMERS_DEVICE": '"auto"', "TRANSFORMERS_THREADS": "2", "TRANSFORMERS_PROMPT_CACHE_MB": "0",
+        "EVAL_CONCURRENCY": "8",
         "LAMBDA_SHORTNESS": '"0.7"', "LAMBDA_CORRECTNESS": '"0.3"', "SHORTNESS_SCALE": '"20"',
         "CORRECTNESS_TOLERANCE": '"0.02"', "REFLECTOR_CONCURRENCY": "2", "REFLECTOR_ANSWER_MAX_CHARS": "300",
         "LOCAL_REFLECTOR_STEP": '"0.5"', "MAX_METRIC_CALLS": "50", "MAX_REFLECTOR_TOKENS": "1000",
@@ -182,7 +183,9 @@ def rows(o: Others) -> dict[str, tuple[dict[str, str | None], dict[str, str | No
     checks = {"HOLDOUT_DATA": (holdout, {"HOLDOUT_DATA": f'"{o.work / "elsewhere.jsonl"}"'}),
               "HOLDOUT_INDICES": (holdout, {"HOLDOUT_INDICES": '"0"'}),
               "COMPARE_SIMPLE": (GA, {"COMPARE_SIMPLE": "y"}),
-              "COMPARE_INSTRUCTION": ({"COMPARE_SIMPLE": "y"}, {"COMPARE_INSTRUCTION": '"Answer briefly."'})}
+              "COMPARE_INSTRUCTION": ({"COMPARE_SIMPLE": "y"}, {"COMPARE_INSTRUCTION": '"Answer briefly."'}),
+              "INSTRUCTION_IN_SEARCH": ({"COMPARE_SIMPLE": "y", "COMPARE_INSTRUCTION": '"Answer briefly."'},
+                                        {"INSTRUCTION_IN_SEARCH": "y"})}
     choices = {
         "ENGINE_TRANSFORMERS": (SGLANG, {"ENGINE_SGLANG": None, "ENGINE_TRANSFORMERS": "y"}),
         "ENGINE_SGLANG": (GA, SGLANG),

@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from tokenizers import processors
 from transformers import AutoTokenizer
@@ -82,6 +83,23 @@ def test_eos_delta_changes_the_answers(engine: SGLangEngine):
     assert [g.completion_tokens for g in never] == [MAX_NEW] * len(PROMPTS)
     assert all(g.text for g in never)
     assert len({g.text for g in never}) == len(PROMPTS), "answers follow the prompt"
+
+
+def test_an_answer_ends_at_any_token_of_cluster_0_not_only_at_the_models_eos(engine: SGLangEngine,
+                                                                            tiny_model_dir: Path, tmp_path: Path):
+    """A server stops at its model's eos ids; cluster 0 may hold more end tokens (a GGUF of
+    SmolLM2 ends at <|im_end|>, and <|endoftext|> is in cluster 0 too): requests name them
+    all as stop ids, and the answer ends at the first, as the transformers engine's does."""
+    clusters = probe_clusters(tiny_model_dir, tmp_path)
+    token_clusters = clusters.token_clusters.copy()
+    token_clusters[token_clusters == 0] = 1  # the model's eos leaves cluster 0 ...
+    token_clusters[np.flatnonzero(token_clusters != 0)[-1]] = 0  # ... and a plain token takes its place
+    np.save(clusters.token_clusters_path, token_clusters)
+    moved = dataclasses.replace(clusters, token_clusters=token_clusters)
+    attached = SGLangEngine(engine.urls, moved, engine.tokenize, temperature=0.0, max_new_tokens=MAX_NEW,
+                            concurrency=2, request_timeout=60.0)
+    answers = attached.generate(requests((50.0, -50.0, -50.0)))
+    assert [(g.completion_tokens, g.text) for g in answers] == [(1, "")] * len(PROMPTS)
 
 
 def test_requests_run_concurrently_within_the_bound(engine: SGLangEngine):

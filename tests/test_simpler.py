@@ -14,12 +14,14 @@ import pytest
 from compressor_2.archive import RunArchive, genome_key
 from compressor_2.commands.evolve import evolve
 from compressor_2.common.errors import ConfigError
-from compressor_2.verdict.claims import INSTRUCTED, Arm
+from compressor_2.config import load_config
+from compressor_2.data.prompt import INSTRUCTED
+from compressor_2.verdict.claims import Arm
 from compressor_2.verdict.confidence import compare
 from compressor_2.verdict.simpler import (
     EOS_EVALUATIONS, EOS_GRID, TOOLS_META, Tool, ToolRow, Tools, cap_for, eos_search, read_record, verdict,
 )
-from tests.test_evolution_support import config_for, query, read_json
+from tests.test_evolution_support import config_for, query, read_json, write_config
 
 INSTRUCTION = "Answer with the figure only."
 
@@ -82,10 +84,16 @@ def runs(tmp_path_factory, shared, tiny_model_dir, uninterrupted) -> tuple[Path,
     """The same run with the simpler tools off and on (with an instruction), what the second
     printed, and the prompts its engine was given before any work."""
     del uninterrupted  # built the shared clusters
-    import compressor_2.engines.registry as registry
-
     off, on = tmp_path_factory.mktemp("simple_off"), tmp_path_factory.mktemp("simple_on")
     printed_by(off, shared, tiny_model_dir, **RUN)
+    printed, prompts = recorded(on, shared, tiny_model_dir, **RUN, **SIMPLE)
+    return off / "out", on / "out", printed, prompts
+
+
+def recorded(work: Path, shared: Path, model: Path, **symbols: str) -> tuple[str, list[dict[str, str]]]:
+    """What a run printed, and the prompts its engine was given before any work."""
+    import compressor_2.engines.registry as registry
+
     prompts: list[dict[str, str]] = []
     make_engine = registry.make_engine
 
@@ -95,8 +103,8 @@ def runs(tmp_path_factory, shared, tiny_model_dir, uninterrupted) -> tuple[Path,
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(registry, "make_engine", recording)
-        printed = printed_by(on, shared, tiny_model_dir, **RUN, **SIMPLE)
-    return off / "out", on / "out", printed, prompts
+        printed = printed_by(work, shared, model, **symbols)
+    return printed, prompts
 
 
 def nonzero(genome: str) -> list[int]:
@@ -142,13 +150,19 @@ def test_the_eos_search_spends_at_most_its_evaluations_outside_the_budget(runs):
 @pytest.mark.slow
 def test_the_instruction_and_the_cap_are_answered_and_the_engine_saw_the_instruction_first(runs):
     _, on, _, prompts = runs
-    instructed = query(on, f"SELECT example FROM check_answers WHERE example LIKE '%{INSTRUCTED}#%'")
+    zeros = genome_key([0.0] * len(read_json(on / "deltas_best.json")))
+    instructed = query(on, f"SELECT example FROM check_answers WHERE example LIKE '%{INSTRUCTED}#%' "
+                           f"AND genome = '{zeros}'")
     assert sorted(e.split("#")[0] for (e,) in instructed) == [f"fb-{c}{INSTRUCTED}" for c in "abc"]
+    best = genome_key(list(read_json(on / "deltas_best.json").values()))
+    assert best != zeros  # the best's deltas with the instruction: on the held-out question alone
+    with_best = query(on, f"SELECT example FROM check_answers WHERE example LIKE '%{INSTRUCTED}#%' "
+                          f"AND genome = '{best}'")
+    assert [e.split("#")[0] for (e,) in with_best] == [f"fb-c{INSTRUCTED}"]
     [given] = prompts  # the engine was made once, with every prompt of the run
     assert {k for k in given if k.endswith(INSTRUCTED)} == {f"fb-{c}{INSTRUCTED}" for c in "abc"}
     assert all(given[f"fb-{c}{INSTRUCTED}"] == f"{given[f'fb-{c}']}\n\n{INSTRUCTION}" for c in "abc")
     cap = read_json_meta(on)["cap"]
-    zeros = genome_key([0.0] * len(read_json(on / "deltas_best.json")))
     long = query(on, f"SELECT count(*) FROM check_answers WHERE context NOT LIKE '%:cap%' AND genome = '{zeros}' "
                      f"AND tokens > {cap} AND example NOT LIKE '%{INSTRUCTED}#%'")[0][0]
     long += query(on, f"SELECT count(*) FROM evaluations WHERE genome = '{zeros}' AND tokens > {cap}")[0][0]
@@ -199,7 +213,7 @@ def test_ctrl_c_in_the_simpler_tools_skips_them_and_the_next_run_makes_them(tmp_
     del uninterrupted
     finish = Tools.finish
 
-    def interrupted(self, best_tokens):  # noqa: ANN001, ANN202 - Tools.finish's signature
+    def interrupted(self, best_tokens, best):  # noqa: ANN001, ANN202 - Tools.finish's signature
         raise KeyboardInterrupt
 
     monkeypatch.setattr(Tools, "finish", interrupted)
@@ -221,3 +235,145 @@ def test_a_record_a_hand_edit_broke_is_one_line_naming_the_row(tmp_path):
             read_record(archive)
     finally:
         archive.close()
+
+
+# -- the instruction in every prompt of the search (CONFIG_INSTRUCTION_IN_SEARCH) ----------------
+
+IN_SEARCH = {**SIMPLE, "INSTRUCTION_IN_SEARCH": "y"}
+ARMS = {  # the six arms' names, in order, on the end lines of a plain run and of an instructed one
+    "n": ["the model as it is", "the evolved deltas", "EOS bias alone (", "a cap at ", "the instruction alone",
+          "the instruction + the deltas evolved without it"],
+    "y": ["the model as it is (no instruction)", "the deltas evolved with the instruction, without it",
+          "EOS bias alone (", "a cap at ", "the instruction alone", "the instruction + the deltas evolved with it"],
+}
+
+
+@pytest.fixture(scope="module")
+def instructed_run(tmp_path_factory, shared, tiny_model_dir, runs) -> tuple[Path, str, dict[str, str]]:
+    """The plain run with an instruction (`runs`' second) with every prompt carrying it: its
+    output dir, what it printed, and the prompts its engine was given before any work."""
+    work = tmp_path_factory.mktemp("in_search")
+    printed, [given] = recorded(work, shared, tiny_model_dir, **RUN, **IN_SEARCH)
+    return work / "out", printed, given
+
+
+def answers_of(out: Path, genome: str) -> dict[str, tuple[str, int, int]]:
+    """Every answer of `genome` in a run's archive, the search's and the checks', by example key."""
+    rows = query(out, f"SELECT example, answer, tokens, is_correct FROM evaluations WHERE genome = '{genome}' UNION "
+                      f"SELECT example, answer, tokens, is_correct FROM check_answers WHERE genome = '{genome}' "
+                      "AND context NOT LIKE '%:cap%'")
+    return {example: (answer, tokens, correct) for example, answer, tokens, correct in rows}
+
+
+@pytest.mark.slow
+def test_an_instructed_run_asks_every_prompt_with_the_instruction(runs, instructed_run):
+    _, plain, _, plain_prompts = runs
+    out, _, given = instructed_run
+    zeros = genome_key([0.0] * len(read_json(out / "deltas_best.json")))
+    baseline = answers_of(out, zeros)
+    # Its baseline is the instruction alone: the plain run's instruction arm, answer for answer.
+    assert sorted(k.split("#")[0] for k in baseline if INSTRUCTED in k) == [f"fb-{c}{INSTRUCTED}" for c in "abc"]
+    assert {k: v for k, v in baseline.items() if INSTRUCTED in k} == {
+        k: v for k, v in answers_of(plain, zeros).items() if INSTRUCTED in k}
+    # The model as it is answers the prompts with the instruction taken off: the plain run's own.
+    assert {k: v for k, v in baseline.items() if INSTRUCTED not in k} == {
+        k: v for k, v in answers_of(plain, zeros).items() if INSTRUCTED not in k}
+    # The search's own answers are all to instructed prompts, and the engine knew both sides first.
+    assert {e.split("#")[0] for (e,) in query(out, "SELECT example FROM evaluations")} == {
+        f"fb-{c}{INSTRUCTED}" for c in "ab"}
+    assert given == plain_prompts[0]
+    # Its best's deltas without the instruction: on the held-out question alone.
+    best = genome_key(list(read_json(out / "deltas_best.json").values()))
+    assert best != zeros and [k.split("#")[0] for k in answers_of(out, best) if INSTRUCTED not in k] == ["fb-c"]
+    assert read_json_meta(out)["in_search"] is True and read_json_meta(plain)["in_search"] is False
+
+
+def six_arms_printed(printed: str) -> list[str]:
+    lines = printed.splitlines()
+    [start] = [i for i, line in enumerate(lines) if line.startswith("six arms ")]
+    assert lines[start] == ("six arms held out (1 questions), each paired against the model as it is "
+                            "(95% CIs, exact McNemar p):")
+    return lines[start + 1:start + 7]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("in_search", ["n", "y"])
+def test_both_runs_end_with_all_six_arms_paired(runs, instructed_run, in_search):
+    out, printed = (runs[1], runs[2]) if in_search == "n" else instructed_run[:2]
+    arms = six_arms_printed(printed)
+    assert [a.split(": ")[0].startswith(f"  {name}") for a, name in zip(arms, ARMS[in_search])] == [True] * 6, arms
+    assert arms[0].endswith("% correct") and "(" not in arms[0].split(": ")[1]  # the reference, as it is
+    for arm in arms[1:]:  # each paired against it: the tokens' and the points' intervals, the McNemar p
+        assert " an answer, 95% CI " in arm and "% correct, " in arm and " points (95% CI " in arm, arm
+        assert "McNemar p" in arm and "not measured" not in arm, arm
+    with_instruction = {"n": [5], "y": [2, 3, 5]}[in_search]  # paired against the instruction alone too
+    assert [i for i, arm in enumerate(arms) if "; against the instruction alone: " in arm] == with_instruction
+    last = printed.strip().splitlines()[-1]
+    assert last.startswith("simpler tools held out (1 questions)" + (
+        ", every prompt of the run with the instruction: " if in_search == "y" else ": "))
+    html = (out / "report.html").read_text()
+    table = html.split('id="arms-table"', 1)[1].split("</table>", 1)[0]
+    assert table.count("<tr") == 7 and all(name.split(" (")[0] in table for name in ARMS[in_search])
+    assert ("unsteered baseline, with the instruction" in html) == (in_search == "y")
+
+
+@pytest.mark.slow
+def test_a_resume_that_flips_the_instruction_in_search_is_refused(instructed_run, tmp_path, shared, tiny_model_dir,
+                                                                   capsys):
+    from compressor_2.cli import main
+
+    out, _, _ = instructed_run
+    shutil.copytree(out, tmp_path / "out")
+    (tmp_path / "out" / "run.lock").unlink(missing_ok=True)
+    config = write_config(tmp_path, shared, tiny_model_dir, **RUN, **SIMPLE)
+    capsys.readouterr()
+    assert main(["evolve", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert (f"  CONFIG_INSTRUCTION_IN_SEARCH (y: the instruction it adds): {INSTRUCTION} when the run started, "
+            "n now") in err.splitlines()
+
+
+@pytest.mark.parametrize("instruction", ['""', '"   "'])
+def test_the_instruction_in_search_needs_an_instruction(tmp_path, shared, tiny_model_dir, instruction):
+    config = write_config(tmp_path, shared, tiny_model_dir, COMPARE_SIMPLE="y", COMPARE_INSTRUCTION=instruction,
+                          INSTRUCTION_IN_SEARCH="y")
+    with pytest.raises(ConfigError, match="INSTRUCTION_IN_SEARCH"):
+        load_config(config)
+
+
+def test_taking_the_instruction_off_gives_the_examples_back():
+    from compressor_2.data.example import Example
+    from compressor_2.data.prompt import instructed, uninstructed
+
+    plain = (Example("fb-a", "Q?", "1", "Evidence:\nx\n\nQuestion: Q?"),)
+    assert uninstructed(instructed(plain, INSTRUCTION), INSTRUCTION) == plain
+    with pytest.raises(ValueError):
+        uninstructed(plain, INSTRUCTION)
+
+
+@pytest.mark.slow
+def test_the_real_model_bench_reads_both_runs_into_its_six_arm_table(runs, instructed_run, tmp_path):
+    """benchmarks/bench_real_model.py --table-only over the two runs above, laid out as its own."""
+    from tests.test_real_model import bench
+
+    module = bench()
+    args = module.arguments(["--seeds", "0", "--strategies", "ga", "--out-root", str(tmp_path / "root"),
+                             "--docs-dir", str(tmp_path / "docs"), "--table-only"])
+    specs = module.plan(args)
+    for spec, out in zip(specs, (runs[1], instructed_run[0])):  # plain, then instructed
+        spec.folder.mkdir(parents=True)
+        (spec.folder / "run").symlink_to(out)
+        (spec.folder / "run.config").symlink_to(out.parent / "test.config")
+    module.write_table(specs, args)
+    result = read_json(tmp_path / "docs" / "results.json")
+    assert [r["name"] for r in result["runs"]] == ["plain-ga-s0", "instructed-ga-s0"] and result["questions"] == [1]
+    for run, variant in zip(result["runs"], ("n", "y")):
+        assert all(a["name"].startswith(name) for a, name in zip(run["arms"], ARMS[variant], strict=True))
+        assert all(a["vs_unsteered"]["questions"] == 1 for a in run["arms"])
+        assert [a["key"] for a in run["arms"] if a["vs_instruction"]] == (
+            ["instruction_deltas"] if variant == "n" else ["eos", "cap", "instruction_deltas"])
+    # The instructed run's instruction alone is the plain run's, answer for answer.
+    [plain_alone], [instructed_alone] = ([a["vs_unsteered"] for a in r["arms"] if a["key"] == "instruction"]
+                                         for r in result["runs"])
+    assert plain_alone == instructed_alone
+    assert (tmp_path / "docs" / "table.md").read_text().count("\n| plain · ga · seed 0 | ") == 6

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, MistralConfig, MistralForCausalLM
 
 from compressor_2.common.errors import ConfigError
 from compressor_2.engines.base import GenerationRequest
+from compressor_2.engines.prompt_cache import CACHE_ARG, PromptCache, kv_bytes
 from compressor_2.engines.transformers_engine import TransformersEngine
 from compressor_2.steering.hf_processor import DeltaBiasProcessor
 
@@ -157,5 +159,90 @@ def test_bad_inputs_fail_clearly(tiny_model_dir, token_clusters, tmp_path):
         engine.generate([GenerationRequest("a", (0.0, 0.0, 0.0)), GenerationRequest("b", (0.0, 0.0))])
     with pytest.raises(ConfigError, match=r"request 0 \(prompt ending 'Revenue was .*'\): a prompt of .* exceeds the model's context of 256"):
         engine.generate([GenerationRequest("Revenue was " * 200, (0.0, 0.0, 0.0))])
+    assert engine.prompts.prefills == 0  # refused before any prefill, as before the prompt cache
     engine.close()
     engine.close()
+
+
+def test_cached_prompts_give_the_tokens_of_a_from_scratch_call(eos_prone_model_dir, token_clusters):
+    """A mixed batch (prompts of different lengths, one of a single token, each asked by
+    several delta vectors) answered from the prompt cache, cold and then warm, gives the
+    tokens of `generate` run from scratch on the same padded batches."""
+    vectors = [(0.0, 0.0, 0.0), (1.5, 0.0, 0.0), (0.0, 3.0, -3.0), (-30.0, 0.0, 1.5)]
+    prompts = [*PROMPTS, "0"]
+    mixed = [GenerationRequest(p, v) for v in vectors for p in prompts]
+    cached = make_engine(eos_prone_model_dir, token_clusters, batch_size=10)
+    scratch = make_engine(eos_prone_model_dir, token_clusters, batch_size=10)
+    scratch.prompts = None  # the path of a model whose cache cannot be padded: prefill every row
+    assert len(cached.encode("0")) == 1
+
+    expected = scratch.generate(mixed)
+    assert cached.generate(mixed) == expected
+    assert cached.prompts.prefills == len(PROMPTS)  # the one-token prompt has nothing to prefill
+    assert cached.generate(list(reversed(mixed))) == list(reversed(expected))
+    assert cached.prompts.prefills == len(PROMPTS)
+    assert len(set(expected)) > len(prompts), "the vectors must steer the answers apart"
+
+
+def test_the_prompt_cache_stays_within_its_bound_and_evicts_the_least_recently_used(
+        tiny_model_dir, token_clusters, caplog):
+    engine = make_engine(tiny_model_dir, token_clusters)
+    a, b, c = (tuple(range(start, start + 6)) for start in (10, 20, 30))  # prefixes: token ids
+    one = kv_bytes(engine.prompts.lookup(a))
+    cache = PromptCache(engine.model, max_bytes=2 * one)
+    with caplog.at_level(logging.WARNING, logger="compressor_2.engines"):
+        for prefix, kept in ((a, [a]), (b, [a, b]), (a, [b, a]), (c, [a, c]), (b, [c, b]), (b, [c, b])):
+            cache.lookup(prefix)
+            assert list(cache.entries) == kept  # least recently used first
+            assert cache.bytes == sum(kv_bytes(kv) for kv in cache.entries.values()) <= 2 * one
+    assert (cache.prefills, cache.evicted) == (4, 2)  # b prefilled again after c evicted it
+    assert len([r for r in caplog.records if "prompt cache is full" in r.getMessage()]) == 1
+
+    too_small = PromptCache(engine.model, max_bytes=one - 1)
+    kv = too_small.lookup(a)
+    assert kv_bytes(kv) == one and not too_small.entries and too_small.bytes == 0
+    assert too_small.evicted == 1
+    none_kept = PromptCache(engine.model, max_bytes=0)  # CONFIG_TRANSFORMERS_PROMPT_CACHE_MB=0: silently
+    none_kept.lookup(a)
+    assert (none_kept.bytes, none_kept.evicted) == (0, 0)
+
+
+def test_a_row_past_its_room_grows_the_cache_as_dynamic_layers_do(tiny_model_dir, token_clusters):
+    engine = make_engine(tiny_model_dir, token_clusters)
+    encoded = [engine.encode(p) for p in PROMPTS[:3]]
+    padded = engine.tokenizer.pad({"input_ids": encoded}, padding=True, return_tensors="pt")
+    answers = []
+    for room in (0, MAX_NEW):
+        with torch.inference_mode():
+            output = engine.model.generate(**padded, **{CACHE_ARG: engine.prompts.batch(encoded, room)},
+                                           max_new_tokens=MAX_NEW, do_sample=False, pad_token_id=1)
+        answers.append(output.tolist())
+    scratch = engine.model.generate(**padded, max_new_tokens=MAX_NEW, do_sample=False, pad_token_id=1)
+    assert answers == [scratch.tolist()] * 2
+
+
+def test_sampling_draws_each_row_of_a_shared_prompt_independently(tiny_model_dir, token_clusters):
+    engine = TransformersEngine(str(tiny_model_dir), token_clusters, 3, batch_size=8,
+                                max_new_tokens=MAX_NEW, temperature=1.0, device="cpu")
+    torch.manual_seed(0)
+    answers = engine.generate(requests((0.0, 0.0, 0.0), ["Revenue was"] * 8))
+    assert engine.prompts.prefills == 1
+    assert len({a.text for a in answers}) == 8
+
+
+def test_a_model_whose_cache_cannot_be_padded_prefills_every_row(tiny_model_dir, token_clusters, tmp_path):
+    """A sliding-window model keeps only the window: its cache is not padded and stacked,
+    and its answers are those of a from-scratch call."""
+    shutil.copytree(tiny_model_dir, tmp_path, dirs_exist_ok=True)
+    torch.manual_seed(0)
+    config = MistralConfig(vocab_size=len(token_clusters), hidden_size=32, intermediate_size=64,
+                           num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                           sliding_window=8, max_position_embeddings=256, eos_token_id=0, pad_token_id=1)
+    MistralForCausalLM(config).save_pretrained(tmp_path)
+    engine = make_engine(tmp_path, token_clusters)
+    answers = engine.generate(requests((0.0, 1.0, -1.0)))
+
+    assert engine.prompts is None
+    scratch = make_engine(tmp_path, token_clusters)
+    scratch.prompts = None
+    assert scratch.generate(requests((0.0, 1.0, -1.0))) == answers

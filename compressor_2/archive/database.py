@@ -78,6 +78,9 @@ class RunArchive:
     def set_meta(self, values: Mapping[str, object]) -> None:
         self.db.set_meta(values)
 
+    def delete_meta(self, key: str) -> None:
+        self.db.delete_meta(key)
+
     def event(self, kind: str, **detail: object) -> None:
         self._log.event(kind, **detail)
 
@@ -183,6 +186,13 @@ class RunArchive:
     def store(self, answers: Mapping[tuple[str, str], Answer], context: str, cache_hits: int) -> None:
         """One batch of the search's fresh answers and its cache hits, in one transaction."""
         self.evaluations.store(answers, context, cache_hits)
+
+    def check_stored_answers(self) -> None:
+        """Every stored answer, of the search and of the checks, as it would be taken when
+        used: a row a hand edit left unusable is refused now (at a resume's start, before
+        anything is written) rather than in the middle of a step."""
+        self.evaluations.check_rows()
+        self.check_answers.check_rows()
 
     def cache_hits(self) -> int:
         return self.evaluations.hits()

@@ -278,3 +278,7 @@ class Database:
         with self.transaction() as db:
             db.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
                            [(k, str(v)) for k, v in values.items()])
+
+    def delete_meta(self, key: str) -> None:
+        with self.transaction() as db:
+            db.execute("DELETE FROM meta WHERE key = ?", (key,))

@@ -5,20 +5,22 @@ in no cluster (clusters/special.py); every other token: decoded text ->
 sentence-transformers embedding -> PCA -> k-means label c -> "c + 2".
 
 Cached: the inputs (vocabulary, embedding model, PCA size, k, seed, rule version)
-are fingerprinted; a rerun with the same fingerprint and an intact artifact set only
-prints one line. A rebuild removes the record first and writes it last (see
-clusterset.py), and reuses `embeddings.npy` when only PCA size, k or seed changed.
+are fingerprinted; a rerun with the same inputs and an intact artifact set only prints
+one line, wherever the model lies. A rebuild removes the record first and writes it last
+(see clusterset.py), and reuses `embeddings.npy` when only PCA size, k or seed changed.
 """
 
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import io
 import json
 import os
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +42,7 @@ from compressor_2.clusters.clusterset import (
 )
 from compressor_2.clusters.describe import describe_clusters, unsteered
 from compressor_2.clusters.embed import MAX_PIECES, embed_texts
-from compressor_2.clusters.layout import UNSTEERED
+from compressor_2.clusters.layout import LOCK_FILE, UNSTEERED
 from compressor_2.clusters.special import EMBEDDED_TEXT_VERSION, number_token_ids, strip_markers
 from compressor_2.clusters.vocab import Vocabulary, load_vocabulary, tokenizer_files_digest
 from compressor_2.clusters.written import claim, written_here
@@ -58,16 +60,18 @@ from compressor_2.deltas import canonical_ids, fingerprint_path, load_deltas, wr
 __all__ = ["ClusterSet", "build_clusters"]
 
 KMEANS_RESTARTS = 4
-LOCK_FILE = ".lock"
 _PENDING = -2  # a token the k-means step has yet to place
 
 
-def build_clusters(config: Config, force: bool = False) -> ClusterSet:
+def build_clusters(config: Config, force: bool = False, later: list[Callable[[], None]] | None = None) -> ClusterSet:
     """Build (or reuse) the clusters of `config.model_path`'s tokenizer; prints one summary line.
 
     The process holds a shared lock on the cluster directory from here to its exit, and
     a rebuild needs it exclusively: a run whose clusters differ is refused at once rather
-    than rebuilding the directory under a run that uses it."""
+    than rebuilding the directory under a run that uses it. `later`: where a set that is up
+    to date puts the writes it still owes (the record's tokenizer digest, initial deltas
+    written when absent, their sidecar) instead of making them, for a caller that compares
+    first and writes after (a resume that may yet be refused); a rebuild writes at once."""
     started = time.perf_counter()
     paths = ArtifactPaths.from_config(config)
     lock = _directory_lock(paths.cluster_dir)
@@ -75,18 +79,20 @@ def build_clusters(config: Config, force: bool = False) -> ClusterSet:
     files = tokenizer_files_digest(config.model_path)
     record = read_record(paths)
     previous = record if not force and record_problem(record, paths) is None else None
-    if previous is not None and files is not None and previous.get("tokenizer_files") == files \
-            and changed_input(previous.get("inputs", {}), config_inputs(config)) is None:
+    settings = previous is not None and changed_input(previous.get("inputs", {}), config_inputs(config)) is None
+    writes: list[Callable[[], None]] = [] if later is None else later
+    if settings and files is not None and previous.get("tokenizer_files") == files:  # type: ignore[union-attr]
         # Same settings, same tokenizer files, same library versions: the same vocabulary,
         # known without importing transformers (and torch), the warm path's big cost.
-        return _up_to_date(paths, previous, started)
+        return _up_to_date(paths, previous, started, writes, later is None)  # type: ignore[arg-type]
     vocab = load_vocabulary(config.model_path)
     inputs = {**config_inputs(config), "vocabulary": vocab.sha256}
-    if previous is not None and previous.get("fingerprint") == fingerprint_of(inputs):
+    if settings and changed_input(previous.get("inputs", {}), inputs) is None:  # type: ignore[union-attr]
+        assert previous is not None
         if previous.get("tokenizer_files") != files:
             previous["tokenizer_files"] = files
-            atomic_write_json(paths.record, previous)
-        return _up_to_date(paths, previous, started)
+            writes.append(functools.partial(atomic_write_json, paths.record, dict(previous)))
+        return _up_to_date(paths, previous, started, writes, later is None)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -117,14 +123,24 @@ def _directory_lock(directory: Path) -> int:
     return _LOCKS[directory]
 
 
-def _up_to_date(paths: ArtifactPaths, record: dict[str, Any], started: float) -> ClusterSet:
+def _up_to_date(paths: ArtifactPaths, record: dict[str, Any], started: float, writes: list[Callable[[], None]],
+                now: bool) -> ClusterSet:
+    """The recorded set, read; what it still owes its directory goes to `writes`, made at
+    once when `now`."""
     clusters = read_cluster_set(paths, record["fingerprint"])
     digest = cluster_map_digest(clusters)
     if not paths.initial_deltas.exists():
-        record["initial_deltas"] = _sync_initial_deltas(paths, clusters.cluster_ids, digest, record)
-        atomic_write_json(paths.record, record)
+        def initial_deltas() -> None:
+            record["initial_deltas"] = _sync_initial_deltas(paths, clusters.cluster_ids, digest, record)
+            atomic_write_json(paths.record, record)
+        writes.append(initial_deltas)
     elif not fingerprint_path(paths.initial_deltas).exists() and _is_ours(paths, record):
-        write_fingerprint(paths.initial_deltas, digest)  # a file an earlier version wrote without one
+        # A file an earlier version wrote without one.
+        writes.append(functools.partial(write_fingerprint, paths.initial_deltas, digest))
+    if now:
+        for write in writes:
+            write()
+        writes.clear()
     print(f"clusters up to date: {len(clusters.token_clusters):,} tokens in {len(clusters.cluster_ids)} "
           f"clusters{_unsteered_note(record.get('unsteered'))} ({paths.cluster_dir}, "
           f"{time.perf_counter() - started:.1f}s)")

@@ -5,6 +5,12 @@ first by a rebuild, so its presence means a complete set. It records the inputs'
 fingerprint and the sha256 of the two artifacts everything downstream reads
 (`token_clusters.npy` and the cluster descriptions), so a half-written or hand-edited
 set is refused rather than trusted.
+
+A set is keyed by what determines it: the settings (`config_inputs`) and the model's
+vocabulary, never where the model lies, so a copied or moved model keeps its clusters and
+their fingerprint (which a deployed processor steering by reference checks). A set built
+when the model's path was an input (its record still names it) is taken as it is, its
+fingerprint unchanged: that key is ignored.
 """
 
 from __future__ import annotations
@@ -23,10 +29,13 @@ from compressor_2.clusters.layout import (
     EMBEDDINGS_FINGERPRINT_FILE,
     FINGERPRINT_FILE,
     KMEANS_FILE,
+    LEDGER_FILE,
+    LOCK_FILE,
     PCA_FILE,
     TOKEN_CLUSTERS_FILE,
 )
 from compressor_2.clusters.special import RULES_VERSION
+from compressor_2.clusters.vocab import load_vocabulary, tokenizer_files_digest
 from compressor_2.common import ConfigError
 from compressor_2.config import Config
 from compressor_2.deltas import canonical_ids
@@ -96,18 +105,18 @@ class ArtifactPaths:
     def built(self) -> tuple[Path, ...]:
         return (self.embeddings, self.pca, self.kmeans, self.token_clusters, self.descriptions)
 
-
-def _model_identity(model_path: str) -> str:
-    path = Path(model_path)
-    return str(path.resolve()) if path.exists() else model_path
+    def own_files(self) -> tuple[Path, ...]:
+        """Every file a build writes in the cluster directory under a name of its own."""
+        return (self.embeddings, self.embeddings_fingerprint, self.pca, self.kmeans, self.token_clusters, self.record,
+                self.cluster_dir / LEDGER_FILE, self.cluster_dir / LOCK_FILE)
 
 
 def config_inputs(config: Config) -> dict[str, Any]:
-    """The inputs a config alone determines (checked without loading the tokenizer)."""
+    """The inputs the config's settings determine (checked without loading the tokenizer);
+    the vocabulary is the other one (`vocabulary_problem`)."""
     return {
         "format": FORMAT_VERSION,
         "rules": RULES_VERSION,
-        "model_path": _model_identity(config.model_path),
         "embedding_model": config.embedding_model,
         "pca_components": config.pca_components,
         "num_clusters": config.num_clusters,
@@ -149,13 +158,26 @@ def record_problem(record: dict[str, Any] | None, paths: ArtifactPaths) -> str |
 
 
 def changed_input(recorded: dict[str, Any], current: dict[str, Any]) -> str | None:
+    """The first of `current`'s inputs the record holds otherwise, in words; keys only the
+    record has (a model path, from before sets were keyed by the vocabulary) are not inputs."""
     for key, value in current.items():
         if recorded.get(key) != value:
-            name = {"model_path": "CONFIG_MODEL_PATH", "embedding_model": "CONFIG_EMBEDDING_MODEL",
-                    "pca_components": "CONFIG_PCA_COMPONENTS", "num_clusters": "CONFIG_NUM_CLUSTERS",
-                    "seed": "CONFIG_CLUSTER_SEED"}.get(key, f"the {key} version")
+            name = {"embedding_model": "CONFIG_EMBEDDING_MODEL", "pca_components": "CONFIG_PCA_COMPONENTS",
+                    "num_clusters": "CONFIG_NUM_CLUSTERS", "seed": "CONFIG_CLUSTER_SEED",
+                    "vocabulary": "the vocabulary of CONFIG_MODEL_PATH"}.get(key, f"the {key} version")
             return f"{name} is {value!r} but the clusters were built with {recorded.get(key)!r}"
     return None
+
+
+def vocabulary_problem(record: dict[str, Any], config: Config) -> str | None:
+    """Why the recorded set is not of CONFIG_MODEL_PATH's vocabulary, or None: known from
+    its tokenizer files when they are the ones the build read, else by loading it."""
+    files = tokenizer_files_digest(config.model_path)
+    if files is not None and record.get("tokenizer_files") == files:
+        return None
+    if record.get("inputs", {}).get("vocabulary") == load_vocabulary(config.model_path).sha256:
+        return None
+    return f"CONFIG_MODEL_PATH={config.model_path!r} has another vocabulary than the clusters were built from"
 
 
 def read_cluster_set(paths: ArtifactPaths, fingerprint: str) -> ClusterSet:
@@ -169,16 +191,13 @@ def read_cluster_set(paths: ArtifactPaths, fingerprint: str) -> ClusterSet:
 
 def load_cluster_set(config: Config) -> ClusterSet:
     """The clusters built for `config`; ConfigError (saying to run build-clusters) when
-    they are missing, incomplete or were built from other settings.
-
-    Checks the settings, not the tokenizer's contents: `build_clusters` does that.
-    """
+    they are missing, incomplete, or were built from other settings or another vocabulary."""
     paths = ArtifactPaths.from_config(config)
     record = read_record(paths)
     problem = record_problem(record, paths)
     if problem is None:
         assert record is not None
-        problem = changed_input(record.get("inputs", {}), config_inputs(config))
+        problem = changed_input(record.get("inputs", {}), config_inputs(config)) or vocabulary_problem(record, config)
     if problem is not None:
         raise ConfigError(f"{problem}: {REBUILD_HINT}")
     assert record is not None

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from compressor_2.pretrained import load_tokenizer
+
 if TYPE_CHECKING:
     from compressor_2.clusters.clusterset import ClusterSet
     from compressor_2.config import Config
@@ -33,12 +35,8 @@ class AnswerTokens:
     def from_config(cls, config: Config, clusters: ClusterSet) -> AnswerTokens:
         """One a run, shared by the local reflector and the strategies; the model's tokenizer
         is loaded at the first text, so a run in which neither retokenises never loads it."""
-        def load() -> Any:
-            from transformers import AutoTokenizer
-
-            return AutoTokenizer.from_pretrained(config.model_path)
-
-        return cls(None, clusters.token_clusters, len(clusters.cluster_ids), load)
+        return cls(None, clusters.token_clusters, len(clusters.cluster_ids),
+                   lambda: load_tokenizer(config.model_path))
 
     def ids(self, text: str) -> np.ndarray:
         with self._lock:

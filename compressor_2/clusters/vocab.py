@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
 
 from compressor_2.clusters.special import eos_token_ids, unsteered_token_ids
-from compressor_2.common import ConfigError
+from compressor_2.model_digest import file_digest
+from compressor_2.pretrained import generation_eos, gguf_file, load_tokenizer
 
 
 @dataclass(frozen=True)
@@ -51,48 +51,26 @@ _WEIGHT_SUFFIXES = frozenset({".safetensors", ".bin", ".pt", ".pth", ".h5", ".ms
 
 def tokenizer_files_digest(model_path: str) -> str | None:
     """A digest of what `load_vocabulary` depends on, computed without loading the
-    tokenizer: the files of a local model directory (weights aside) and the library
-    versions that decode them. None for a hub id, which only loading can check."""
+    tokenizer: the files of a local model directory (weights aside), or a GGUF file's
+    content (its sha256, cached by size and modification time as the model digest's is),
+    and the library versions that decode them. None for a hub id, which only loading can
+    check."""
+    versions = f"{version('transformers')}|{version('tokenizers')}"
+    if (gguf := gguf_file(model_path)) is not None:
+        return hashlib.sha256(f"{versions}|{version('gguf')}|{file_digest(gguf)}".encode()).hexdigest()
     folder = Path(model_path)
     if not folder.is_dir():
         return None
-    digest = hashlib.sha256(f"{version('transformers')}|{version('tokenizers')}".encode())
+    digest = hashlib.sha256(versions.encode())
     for path in sorted(folder.iterdir()):
         if path.is_file() and path.suffix not in _WEIGHT_SUFFIXES:
             digest.update(path.name.encode("utf-8") + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
 
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
-
-
-def _generation_eos(model_path: str) -> Any:
-    """`generate()`'s eos ids: the generation config's, else the model config's."""
-    from transformers import AutoConfig, GenerationConfig
-
-    try:
-        return GenerationConfig.from_pretrained(model_path).eos_token_id
-    except (OSError, ValueError):
-        pass
-    try:
-        return getattr(AutoConfig.from_pretrained(model_path), "eos_token_id", None)
-    except (OSError, ValueError):
-        # A bare tokenizer directory has no model config: its eos token is all there is.
-        return None
-
-
 def load_vocabulary(model_path: str) -> Vocabulary:
     """Decode every token id of `model_path`'s tokenizer; ConfigError when it will not load."""
-    from transformers import AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
-    except (OSError, ValueError, TypeError) as exc:
-        raise ConfigError(
-            f"CONFIG_MODEL_PATH={model_path!r}: cannot load a tokenizer from it ({_first_line(exc)})"
-        ) from None
+    tokenizer = load_tokenizer(model_path)
     vocab: dict[str, int] = tokenizer.get_vocab()
     size = max(len(tokenizer), max(vocab.values(), default=-1) + 1)
     singletons = [[i] for i in range(size)]
@@ -106,6 +84,6 @@ def load_vocabulary(model_path: str) -> Vocabulary:
         texts = tokenizer.batch_decode(singletons, skip_special_tokens=False,
                                        clean_up_tokenization_spaces=False)
         tokens = [t or "" for t in tokenizer.convert_ids_to_tokens(list(range(size)))]
-    eos = frozenset(i for i in eos_token_ids(tokenizer, _generation_eos(model_path), vocab) if 0 <= i < size)
+    eos = frozenset(i for i in eos_token_ids(tokenizer, generation_eos(model_path), vocab) if 0 <= i < size)
     unsteered = frozenset(i for i in unsteered_token_ids(tokenizer, eos) if 0 <= i < size)
     return Vocabulary(texts=tuple(texts), tokens=tuple(tokens), eos_ids=eos, unsteered_ids=unsteered)

@@ -2,16 +2,20 @@
 
 - Preflight, under the run directory's lock and before anything is written or rebuilt:
   the output and cluster paths, a directory of a compressor_2 before the archive, the
-  settings a resumed run was started with (the clusters' own among them: a refused resume
-  leaves every file as it was, the clusters included); then the clusters are built (or
-  reused), the initial deltas checked against them, the training pool and held-out
-  questions read.
-- Opening the run: the run archive (its identity recorded at the run's start, compared on
-  a resume: see resume/identity.py), the evaluator (answers cached in the archive), the
-  reflector (every call recorded in it), the budget and the best-ever tracker, and a
-  warning when the budget cannot pay for three steps.
+  settings a resumed run was started with (the clusters' own among them); then the
+  clusters are built (or reused: what an up-to-date set still owes its directory is
+  written later), the initial deltas checked against them, the training pool and
+  held-out questions read.
+- Opening the run: the run archive (its identity compared on a resume: see
+  resume/identity.py), the evaluator (answers cached in the archive, under the answer
+  context the run recorded at its start), the reflector (every call recorded in it), the
+  budget and the best-ever tracker, and a warning when the budget cannot pay for three
+  steps.
 - Driving: the strategy named by CONFIG_STRATEGY, through the run's driver
-  (run/driver.py), which returns why it stopped.
+  (run/driver.py), which returns why it stopped. Once it has read and checked the run's
+  files, the session makes its first writes (`begin` in `services`): compare first, write
+  after, so a refused resume leaves every file of the run and of the clusters as it was,
+  byte for byte.
 - Closing: outside the search and its budget, the held-out check (CONFIG_HOLDOUT_*)
   measures the best, the front and the unsteered baseline, and the simpler tools
   (CONFIG_COMPARE_SIMPLE) are measured around it; the run ends with their lines. A Ctrl+C
@@ -26,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,10 +44,10 @@ from compressor_2.deltas import Deltas, check_fingerprint, fingerprint_path, loa
 from compressor_2.fitness import Evaluator, answer_context
 from compressor_2.outputs import FRONT_PLOT
 from compressor_2.reflector import PROMPT_DIR
-from compressor_2.resume import RunInputs, check_identity, check_settings, model_identity, run_lock
+from compressor_2.resume import RunInputs, check_identity, check_settings, model_identity, recorded_context, run_lock
 from compressor_2.run import DELTAS_BEST, PROCESSOR_BEST, BestEver, Budget, Limits, Run, Workers, drive, shortfall
 from compressor_2.strategies import Plugin, load_strategy
-from compressor_2.verdict import Checks, instructed_examples, simpler_options
+from compressor_2.verdict import Checks, other_side_examples, simpler_options
 
 if TYPE_CHECKING:
     from compressor_2.clusters.clusterset import ClusterSet
@@ -58,7 +62,8 @@ PRE_ARCHIVE_FILES = ("evolution_state.json", "history.json")
 @dataclass(frozen=True)
 class Inputs:
     """What preflight read: the clusters, the training pool, the held-out questions, the
-    initial deltas, and the fingerprint of the settings that make an answer."""
+    initial deltas, the fingerprint of the settings that make an answer, and the writes the
+    cluster build still owes."""
 
     clusters: ClusterSet
     digest: str  # cluster_map_digest
@@ -67,19 +72,22 @@ class Inputs:
     initial: Deltas
     context: str
     model: str  # model_identity
+    owed: tuple[Callable[[], None], ...] = ()  # made by the session's `begin`
 
 
 def evolve(config: Config) -> None:
     strategy = load_strategy(config.strategy)
-    with preflight(config) as inputs, open_run(config, inputs, strategy) as (run, checks):
-        reason = drive(run, strategy.make(run))
+    with preflight(config) as inputs, open_run(config, inputs, strategy) as (run, checks, begin):
+        reason = drive(run, strategy.make(run), begin)
         close(run, checks, reason)
 
 
 @contextlib.contextmanager
 def preflight(config: Config) -> Iterator[Inputs]:
     """Everything checked before any work, under the run directory's lock (held until the
-    run ends); nothing is written or rebuilt before a resume's settings are compared."""
+    run ends); nothing is written or rebuilt before a resume's settings are compared, and
+    nothing but a rebuild (whose map the run's identity compares) before the session's
+    `begin`."""
     from compressor_2.clusters.build import build_clusters
     from compressor_2.clusters.clusterset import cluster_map_digest
     from compressor_2.data import examples_from_config, holdout_examples
@@ -91,21 +99,29 @@ def preflight(config: Config) -> Iterator[Inputs]:
         _refuse_pre_archive_directory(out)
         examples = tuple(examples_from_config(config))
         model = model_identity(config)
-        _refuse_changed_settings(out, config, RunInputs(None, examples, None, model))
-        _remove_orphans(out)
-        clusters = build_clusters(config)
+        kept = _refuse_changed_settings(out, config, RunInputs(None, examples, None, model))
+        owed: list[Callable[[], None]] = []
+        clusters = build_clusters(config, later=owed)
         digest = cluster_map_digest(clusters)
-        sidecar = fingerprint_path(config.initial_deltas_path)
-        check_fingerprint(config.initial_deltas_path, digest, force=False,
-                          override=f"delete '{sidecar}' to start from these deltas anyway")
+        initial = _initial_deltas(config, clusters.cluster_ids, digest)
         heldout = tuple(holdout_examples(config, examples))
-        initial = load_deltas(config.initial_deltas_path, list(clusters.cluster_ids))
-        yield Inputs(clusters, digest, examples, heldout, initial,
-                     answer_context(answer_settings(config, clusters.fingerprint)), model)
+        context = kept or answer_context(answer_settings(config, clusters.fingerprint))
+        yield Inputs(clusters, digest, examples, heldout, initial, context, model, tuple(owed))
+
+
+def _initial_deltas(config: Config, cluster_ids: tuple[str, ...], digest: str) -> Deltas:
+    """CONFIG_INITIAL_DELTAS_PATH, checked against the clusters (`digest`); all zero when it
+    is absent, as the cluster build then writes it (in the session's `begin`)."""
+    path = config.initial_deltas_path
+    if not path.exists():
+        return {cid: 0.0 for cid in cluster_ids}
+    check_fingerprint(path, digest, force=False, override=f"delete '{fingerprint_path(path)}' to start from these "
+                      "deltas anyway")
+    return load_deltas(path, list(cluster_ids))
 
 
 @contextlib.contextmanager
-def open_run(config: Config, inputs: Inputs, strategy: Plugin) -> Iterator[tuple[Run, Checks]]:
+def open_run(config: Config, inputs: Inputs, strategy: Plugin) -> Iterator[tuple[Run, Checks, Callable[[], None]]]:
     """The run's services, and the checks beside them; on the way out, whatever the exit,
     the reflector's calls are abandoned, the thread pools stopped, the engine and the
     archive closed. Inside, the first Ctrl+C or SIGTERM stops the run, the later ones are
@@ -114,8 +130,9 @@ def open_run(config: Config, inputs: Inputs, strategy: Plugin) -> Iterator[tuple
     from compressor_2.engines import LazyEngine
     from compressor_2.reflector import make_reflector
 
-    archive = open_archive(config.output_dir, config,
-                           RunInputs(inputs.digest, inputs.examples, inputs.initial, inputs.model), inputs.context)
+    archive, identity = open_archive(config.output_dir, config,
+                                     RunInputs(inputs.digest, inputs.examples, inputs.initial, inputs.model),
+                                     inputs.context)
     workers, reflector, engine = Workers(), None, None
     try:
         with stop_on_first_signal():
@@ -125,8 +142,8 @@ def open_run(config: Config, inputs: Inputs, strategy: Plugin) -> Iterator[tuple
             # Every prompt the run will send, the checks' too: checked before any work.
             asked = (*inputs.examples, *inputs.heldout)
             engine = LazyEngine(config, inputs.clusters,
-                                {e.id: e.prompt for e in (*asked, *instructed_examples(config, asked))})
-            yield services(config, inputs, archive, reflector, engine, tokens, workers, strategy)
+                                {e.id: e.prompt for e in (*asked, *other_side_examples(config, asked))})
+            yield services(config, inputs, archive, identity, reflector, engine, tokens, workers, strategy)
     finally:
         if reflector is not None:
             reflector.close()  # abandons the calls in flight, so that their threads end at once
@@ -136,13 +153,15 @@ def open_run(config: Config, inputs: Inputs, strategy: Plugin) -> Iterator[tuple
         archive.close()
 
 
-def services(config: Config, inputs: Inputs, archive: RunArchive, reflector: Reflector, engine: LazyEngine,
-             tokens: AnswerTokens, workers: Workers, strategy: Plugin) -> tuple[Run, Checks]:
-    """The run's services over the opened archive, reflector and engine, and its checks."""
+def services(config: Config, inputs: Inputs, archive: RunArchive, identity: dict[str, str], reflector: Reflector,
+             engine: LazyEngine, tokens: AnswerTokens, workers: Workers,
+             strategy: Plugin) -> tuple[Run, Checks, Callable[[], None]]:
+    """The run's services over the opened archive, reflector and engine, its checks, and
+    the session's first writes (`begin`), which the driver makes once it has read and
+    checked the run's files. Nothing is written here."""
     from compressor_2.judges import make_judge
     from compressor_2.steering.generate import write_processor
 
-    archive.set_meta({"context": inputs.context})  # `show` reads this run's answers under it
     ids = list(inputs.clusters.cluster_ids)
     # The search's and the checks' evaluators differ only in where answers are kept.
     evaluator_on = functools.partial(Evaluator, engine, make_judge(config), inputs.examples, config.lambda_shortness,
@@ -150,10 +169,6 @@ def services(config: Config, inputs: Inputs, archive: RunArchive, reflector: Ref
                                      reuse=config.temperature == 0)
     checks = Checks(evaluator_on(store=CheckStore(archive)), archive, inputs.examples, inputs.heldout, len(ids),
                     simpler_options(config, ids, tokens))
-    if any(inputs.initial.values()):
-        # The search starts from other deltas than the baseline's: measure the baseline
-        # apart, before the budget's clock starts.
-        checks.measure_baseline()
     budget = Budget(Limits.from_config(config), archive)
     if warning := shortfall(budget.limits, budget.spent(), strategy.estimate(config, len(inputs.examples))):
         say(f"warning: {warning}")
@@ -165,7 +180,23 @@ def services(config: Config, inputs: Inputs, archive: RunArchive, reflector: Ref
               evaluator=evaluator_on(store=archive), reflector=reflector,
               pool=workers.pool(config.reflector_concurrency, "reflector"), budget=budget, best=best,
               workers=workers, answer_tokens=tokens, initial=inputs.initial, heldout=inputs.heldout)
-    return run, checks
+
+    def begin() -> None:
+        """What the cluster build still owed, the temp files of a killed writer removed, this
+        start's identity and answer context recorded (`show` reads the run's answers under
+        it), the answers the outputs read made again where the archive lost them; then, when
+        the search starts from other deltas than the baseline's, the baseline measured
+        apart, before the budget's clock starts."""
+        for write in inputs.owed:
+            write()
+        _remove_orphans(config.output_dir)
+        archive.set_meta({**identity, "context": inputs.context})
+        checks.restore_lost()
+        if any(inputs.initial.values()):
+            checks.measure_baseline()
+        budget.start()
+
+    return run, checks, begin
 
 
 def close(run: Run, checks: Checks, reason: str) -> None:
@@ -205,25 +236,27 @@ def answer_settings(config: Config, cluster_fingerprint: str) -> dict[str, Any]:
     }
 
 
-def open_archive(out: Path, config: Config, inputs: RunInputs, context: str) -> RunArchive:
-    """The run archive, its identity recorded at the run's start and compared on a resume."""
+def open_archive(out: Path, config: Config, inputs: RunInputs, context: str) -> tuple[RunArchive, dict[str, str]]:
+    """The run archive, its identity compared on a resume, and the meta rows that record
+    this start's (written by the session's `begin`)."""
     archive = RunArchive.open(out / ARCHIVE_FILE)
     try:
-        check_identity(archive, config, inputs, context)
+        return archive, check_identity(archive, config, inputs, context)
     except BaseException:
         archive.close()
         raise
-    return archive
 
 
-def _refuse_changed_settings(out: Path, config: Config, inputs: RunInputs) -> None:
+def _refuse_changed_settings(out: Path, config: Config, inputs: RunInputs) -> str | None:
     """A resume's settings compared with the run's before anything is written or rebuilt
-    (opening an existing archive writes nothing to it)."""
+    (opening an existing archive writes nothing to it); returns the answer context the run
+    keeps (`recorded_context`), None for a run that starts afresh."""
     if not (out / ARCHIVE_FILE).exists():
-        return
+        return None
     archive = RunArchive.open(out / ARCHIVE_FILE)
     try:
         check_settings(archive, config, inputs)
+        return recorded_context(archive)
     finally:
         archive.close()
 

@@ -33,7 +33,9 @@ from compressor_2.verdict import (
     affordable,
     affordable_bound,
     correctness_claim,
+    measured,
     pareto_front,
+    refuse_lost,
     standing,
     tokens_claim,
 )
@@ -70,6 +72,8 @@ def choose(archive: RunArchive, max_drop: float | None, candidate_id: int | None
            claims: Claims) -> tuple[Candidate, str]:
     """The candidate to export and one line on why it was chosen."""
     now = standing(archive)
+    # It reads the held-out check's answers (the training front is chosen on recorded points).
+    refuse_lost(claims, [m for m in measured(now, None) if m.split == HELDOUT])
     points = {p.id: p for p in now.points}
     if candidate_id is not None:
         candidate = archive.candidate(candidate_id)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from compressor_2.archive import ARCHIVE_FILE, RunArchive
 from compressor_2.config import Config
 from compressor_2.outputs import write_report
+from compressor_2.verdict import Claims, measured, read_record, refuse_lost, standing
 
 
 def run_report(config: Config) -> None:
@@ -16,7 +17,10 @@ def run_report(config: Config) -> None:
     heldout = holdout_examples(config, pool)
     archive = RunArchive.open_read_only(config.output_dir / ARCHIVE_FILE)
     try:
-        path = write_report(archive, config.output_dir, pool, heldout)
+        now = standing(archive)
+        # Before report.html is written.
+        refuse_lost(Claims(archive, pool, heldout), measured(now, read_record(archive)))
+        path = write_report(archive, config.output_dir, pool, heldout, now)
     finally:
         archive.close()
     print(f"wrote {path}")

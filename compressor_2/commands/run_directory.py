@@ -13,8 +13,8 @@ from pathlib import Path
 
 from compressor_2.archive import ARCHIVE_FILE
 from compressor_2.clusters.clusterset import ArtifactPaths
-from compressor_2.clusters.written import LEDGER_FILE, why_not_writable, written_here
-from compressor_2.common import ConfigError, file_kind, why_unwritable
+from compressor_2.clusters.written import check_inputs, why_not_writable, written_here
+from compressor_2.common import ConfigError, file_identity, file_kind, why_unwritable
 from compressor_2.config import Config
 from compressor_2.deltas import fingerprint_path
 from compressor_2.engines import LOG_NAME
@@ -89,9 +89,9 @@ def check_output_file(out: Path, option: str, config: Config, inputs: Mapping[st
         raise ConfigError(f"{where} is {file_kind(mode)}, not a regular file: a write would replace it; name a new "
                           f"{kind} or a regular one")
     protected = {**_config_inputs(config), **{f"its own input {name}": path for name, path in (inputs or {}).items()}}
-    target, mine = _identity(out), {_identity(p) for p in own}
+    target, mine = file_identity(out), {file_identity(p) for p in own}
     for what, path in protected.items():
-        if path is not None and _identity(path) == target and target not in mine:
+        if path is not None and file_identity(path) == target and target not in mine:
             raise ConfigError(f"{where} is {what}: choose another name")
     if run := _run_owning(out, config):
         raise ConfigError(f"{where} is a file of the run in '{run}': choose another name"
@@ -107,12 +107,14 @@ def check_cluster_outputs(config: Config) -> None:
     over the file a build wrote). Each only at a new path or over what a build of the same
     cluster directory wrote there (clusters/written.py), never through a symbolic link, never
     over a run's file or an input."""
+    check_inputs(config)
     paths = ArtifactPaths.from_config(config)
     if run := _run_owning(paths.descriptions, config):
         raise ConfigError(f"CONFIG_CLUSTER_DESCRIPTIONS_PATH='{paths.descriptions}' is a file of the run in '{run}': "
                           "a cluster build would write over it; choose another path")
     initial = config.initial_deltas_path
-    if _identity(config.cluster_descriptions_path) in (_identity(initial), _identity(fingerprint_path(initial))):
+    if file_identity(config.cluster_descriptions_path) in (file_identity(initial),
+                                                           file_identity(fingerprint_path(initial))):
         raise ConfigError(f"CONFIG_CLUSTER_DESCRIPTIONS_PATH='{config.cluster_descriptions_path}' is the file of "
                           "CONFIG_INITIAL_DELTAS_PATH (or its sidecar): a cluster build would write over it; choose "
                           "another path")
@@ -141,8 +143,7 @@ def _run_owning(out: Path, config: Config) -> Path | None:
 def _config_inputs(config: Config) -> dict[str, Path | None]:
     """The files the config names as inputs, and the cluster artifacts, by what names them."""
     paths = ArtifactPaths.from_config(config)
-    artifacts = {f"a cluster artifact in CONFIG_CLUSTER_DIR ({p.name})": p
-                 for p in (*paths.built(), paths.embeddings_fingerprint, paths.record, paths.cluster_dir / LEDGER_FILE)}
+    artifacts = {f"a cluster artifact in CONFIG_CLUSTER_DIR ({p.name})": p for p in (*paths.built(), *paths.own_files())}
     return {
         "the config file (--config)": config.source,
         "the input CONFIG_FINANCEBENCH_JSONL_PATH": config.financebench_jsonl_path,
@@ -151,13 +152,3 @@ def _config_inputs(config: Config) -> dict[str, Path | None]:
         "the fingerprint sidecar of CONFIG_INITIAL_DELTAS_PATH": fingerprint_path(config.initial_deltas_path),
         **artifacts,
     }
-
-
-def _identity(path: Path) -> tuple[int, int] | Path:
-    """The same file whatever the path's spelling: (device, inode) when it exists (hard links
-    included), else the absolute path with symbolic links resolved."""
-    try:
-        found = os.stat(path)
-    except OSError:
-        return path.resolve()
-    return found.st_dev, found.st_ino

@@ -32,12 +32,15 @@ from compressor_2.verdict import (
     TRAINING,
     Arm,
     Claims,
+    Measured,
     Standing,
     ci,
     correctness_claim,
     does_as_well,
+    measured,
     points_claim,
     read_record,
+    refuse_lost,
     standing,
     tokens_change,
     tool_rows,
@@ -66,6 +69,7 @@ def front_table(archive: RunArchive, claims: Claims) -> str:
     under each, its claims against the baseline (paired on the same questions); then the
     simpler tools, once measured."""
     now = standing(archive)
+    refuse_lost(claims, measured(now, read_record(archive)))
     front = now.front()
     if not front:
         return "the front is empty: no candidate has been assessed yet"
@@ -253,9 +257,16 @@ def answers_side_by_side(config: Config, archive: RunArchive, candidate: Candida
 
     context = archive.meta("context", "") or ""
     examples = examples_from_config(config)
-    mine = archive.answers_for(genome_key(list(candidate.deltas.values())), context)
+    genome = genome_key(list(candidate.deltas.values()))
     zeros = genome_key([0.0] * len(candidate.deltas))
-    # The baseline is the search's all-zero candidate, or was measured apart by the checks.
+    # What it reads: the candidate's answers when it was assessed, and the baseline's.
+    read = [m for m in measured(standing(archive), None) if m.split == TRAINING and m.arm.genome == zeros]
+    if candidate.fitness is not None:
+        read.append(Measured(Arm(genome), TRAINING, f"candidate #{candidate.id}"))
+    refuse_lost(Claims.of_config(config, archive), read)
+    # Its answers and the baseline's, the search's or the checks' (which make again what the
+    # archive lost, and measure the baseline apart when no candidate is the all-zero genome).
+    mine = CheckStore(archive).answers_for(genome, context)
     baseline = CheckStore(archive).answers_for(zeros, context)
     label = "unsteered"
     if not baseline:

@@ -21,6 +21,16 @@ def file_kind(mode: int) -> str:
     return "not a regular file"
 
 
+def file_identity(path: Path) -> tuple[int, int] | Path:
+    """The same file whatever the path's spelling: (device, inode) when it exists (hard links
+    included), else the absolute path with symbolic links resolved."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return path.resolve()
+    return found.st_dev, found.st_ino
+
+
 def check_readable_file(path: Path, what: str) -> None:
     """Refuses, in one line, a `path` the user named as a file to read that is something
     else (links are followed); a missing path is left to the reader's own message."""

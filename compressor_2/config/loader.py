@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from compressor_2.config import registry
+from compressor_2.config.indices import INDICES, check_each_once
 from compressor_2.config.kconfig import MAX_LOGITS, Reader, interval, read_config, require
 from compressor_2.config.sglang import check_addresses
 
@@ -31,7 +32,6 @@ MAX_INSTRUCTION = 2000  # characters of CONFIG_COMPARE_INSTRUCTION
 # What the transformers engine can run on: `meta` holds no weights, and a typo such as `gpu` is no device.
 DEVICES = r"auto|cpu|mps|(cuda|xpu)(:[0-9]+)?"
 DESCRIPTIONS_FILE = "cluster_descriptions.json"  # in CONFIG_CLUSTER_DIR, unless CONFIG_CLUSTER_DESCRIPTIONS_PATH says
-INDICES = r"all|[0-9]+(-[0-9]+)?(\s*,\s*[0-9]+(-[0-9]+)?)*"  # a pool's or held-out set's lines: 'all' or '0,3,5-9'
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,7 @@ class Config:
     # The simpler tools measured after the search
     compare_simple: bool
     compare_instruction: str  # "": none
+    instruction_in_search: bool  # every prompt of the run carries compare_instruction
     # Engine
     engine: EngineName
     model_path: str
@@ -61,6 +62,7 @@ class Config:
     transformers_batch_size: int
     transformers_device: str
     transformers_threads: int
+    transformers_prompt_cache_mb: int
     eval_concurrency: int
     sglang_command: str
     sglang_urls: tuple[str, ...]
@@ -192,15 +194,19 @@ def _checked(r: Reader) -> dict[str, Any]:
         re.fullmatch(INDICES, pool) is not None,
         f"CONFIG_FINANCEBENCH_POOL_INDICES={pool!r} must be 'all' or indices/ranges like '0,3,5-9'",
     )
+    check_each_once(pool, "CONFIG_FINANCEBENCH_POOL_INDICES")
     holdout_data = r.string("HOLDOUT_DATA").strip()
     holdout_indices = r.string("HOLDOUT_INDICES").strip()
     require(
         holdout_indices == "" or re.fullmatch(INDICES, holdout_indices) is not None,
         f"CONFIG_HOLDOUT_INDICES={holdout_indices!r} must be empty, 'all' or indices/ranges like '64-99'",
     )
+    check_each_once(holdout_indices, "CONFIG_HOLDOUT_INDICES")
     instruction = r.string("COMPARE_INSTRUCTION").strip()
     require(len(instruction) <= MAX_INSTRUCTION and not re.search(r"[\x00-\x1f\x7f]", instruction),
             f"CONFIG_COMPARE_INSTRUCTION must be at most {MAX_INSTRUCTION} characters, with no control character")
+    require(instruction != "" or not r.flag("INSTRUCTION_IN_SEARCH"),
+            "CONFIG_INSTRUCTION_IN_SEARCH=y needs an instruction: CONFIG_COMPARE_INSTRUCTION is blank")
     template = r.string("PROMPT_TEMPLATE_PATH").strip()
     urls = tuple(u.strip().rstrip("/") for u in r.string("SGLANG_URLS").split(",") if u.strip())
     for url in urls:
@@ -238,6 +244,7 @@ def _paths_and_data(r: Reader, checked: dict[str, Any]) -> dict[str, Any]:
         holdout_indices=checked["holdout_indices"],
         compare_simple=r.flag("COMPARE_SIMPLE"),
         compare_instruction=checked["compare_instruction"],
+        instruction_in_search=r.flag("INSTRUCTION_IN_SEARCH"),
     )
 
 
@@ -257,6 +264,7 @@ def _engine(r: Reader, checked: dict[str, Any]) -> dict[str, Any]:
         transformers_batch_size=r.integer("TRANSFORMERS_BATCH_SIZE"),
         transformers_device=checked["transformers_device"],
         transformers_threads=r.integer("TRANSFORMERS_THREADS"),
+        transformers_prompt_cache_mb=r.integer("TRANSFORMERS_PROMPT_CACHE_MB"),
         eval_concurrency=r.integer("EVAL_CONCURRENCY"),
         sglang_command=r.string("SGLANG_COMMAND"),
         sglang_urls=checked["sglang_urls"],

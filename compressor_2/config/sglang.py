@@ -92,11 +92,12 @@ def check_loopback(url: str, config: SGLangSettings, subject: str) -> None:
 
 def same_model(served: str, configured: str) -> bool:
     """Whether a server's model path names CONFIG_MODEL_PATH's model: the same string (a
-    trailing slash aside), or two paths to the same directory on this machine."""
+    trailing slash aside), or two paths to the same directory, or to the same GGUF file,
+    on this machine."""
     if served.rstrip("/") == configured.rstrip("/"):
         return True
     a, b = Path(served).expanduser(), Path(configured).expanduser()
-    return a.is_dir() and b.is_dir() and a.resolve() == b.resolve()
+    return a.exists() and b.exists() and a.resolve() == b.resolve()
 
 
 def check_model(served: str, config: SGLangSettings, subject: str) -> None:

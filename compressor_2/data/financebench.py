@@ -14,19 +14,24 @@ from pathlib import Path
 from typing import Any
 
 from compressor_2.common import ConfigError, check_readable_file
-from compressor_2.config import Config
+from compressor_2.config import Config, repeated
 from compressor_2.data.example import Example
-from compressor_2.data.prompt import DEFAULT_TEMPLATE, build_prompt, load_template
+from compressor_2.data.prompt import DEFAULT_TEMPLATE, build_prompt, instructed, load_template
 
 _RANGE = re.compile(r"(\d+)(?:-(\d+))?")
 
 
 def parse_indices(spec: str, n: int, source: str) -> list[int]:
-    """0-based indices from "all" or "0,3,5-9" (inclusive ranges), in the order given,
-    without repeats; `source` names where the spec came from in errors."""
+    """0-based indices from "all" or "0,3,5-9" (inclusive ranges), in the order given; an
+    index named twice is refused (the question would count twice); `source` names where the
+    spec came from in errors."""
     spec = spec.strip()
     if spec == "all":
         return list(range(n))
+    if (found := repeated(spec)) is not None:
+        index, first, second = found
+        raise ConfigError(f"{source}: {spec!r} names index {index} more than once ({first!r} and {second!r}): "
+                          "list each once")
     indices: list[int] = []
     for part in spec.split(","):
         match = _RANGE.fullmatch(part.strip())
@@ -44,7 +49,7 @@ def parse_indices(spec: str, n: int, source: str) -> list[int]:
                 f"{source}: index {last} is out of range (the dataset has {n} examples, 0-{n - 1})"
             )
         indices.extend(range(first, last + 1))
-    return list(dict.fromkeys(indices))
+    return indices
 
 
 def load_examples(path: Path, indices: str = "all", template: str = DEFAULT_TEMPLATE,
@@ -58,14 +63,21 @@ def load_examples(path: Path, indices: str = "all", template: str = DEFAULT_TEMP
 
 
 def examples_from_config(config: Config, indices: str | None = None) -> list[Example]:
-    """The configured pool, or `indices` (e.g. from `evaluate --indices`) when given."""
-    return load_examples(
+    """The configured pool, or `indices` (e.g. from `evaluate --indices`) when given, as the
+    run asks them (`as_asked`)."""
+    return as_asked(config, load_examples(
         config.financebench_jsonl_path,
         config.pool_indices if indices is None else indices,
         load_template(config.prompt_template_path),
         config.evidence_max_chars,
         "CONFIG_FINANCEBENCH_POOL_INDICES" if indices is None else "",
-    )
+    ))
+
+
+def as_asked(config: Config, examples: list[Example]) -> list[Example]:
+    """The examples as the run sends them: with CONFIG_INSTRUCTION_IN_SEARCH, the instruction
+    after every prompt, as the instruction tool adds it (the same prompts, the same ids)."""
+    return list(instructed(examples, config.compare_instruction)) if config.instruction_in_search else examples
 
 
 def holdout_examples(config: Config, pool: Sequence[Example]) -> list[Example]:
@@ -78,13 +90,14 @@ def holdout_examples(config: Config, pool: Sequence[Example]) -> list[Example]:
     examples = load_examples(config.holdout_data or config.financebench_jsonl_path,
                              config.holdout_indices or "all", load_template(config.prompt_template_path),
                              config.evidence_max_chars, "CONFIG_HOLDOUT_INDICES")
+    asked = as_asked(config, examples)
     ids, prompts = {ex.id for ex in pool}, {ex.prompt for ex in pool}
-    for ex in examples:
-        if ex.id in ids or ex.prompt in prompts:
+    for ex, sent in zip(examples, asked):
+        if sent.id in ids or sent.prompt in prompts:
             raise ConfigError(f"{source}: held-out example {ex.id!r} is also in the training pool "
                               "(CONFIG_FINANCEBENCH_JSONL_PATH, CONFIG_FINANCEBENCH_POOL_INDICES): the held-out "
                               "questions must be disjoint from the pool")
-    return examples
+    return asked
 
 
 def _read_records(path: Path) -> list[dict[str, Any]]:

@@ -1,15 +1,19 @@
-"""The prompt sent to the model: the question plus its evidence pages (FinanceBench "oracle")."""
+"""The prompt sent to the model: the question plus its evidence pages (FinanceBench "oracle"),
+and an instruction added after it (CONFIG_COMPARE_INSTRUCTION)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from pathlib import Path
 
 from compressor_2.common import ConfigError, check_readable_file
+from compressor_2.data.example import Example
 
 DEFAULT_TEMPLATE = "Evidence:\n{evidence}\n\nQuestion: {question}"
 PLACEHOLDERS = ("{question}", "{evidence}")
+INSTRUCTED = "+instruction"  # an instructed example's id: the example's and this
 
 
 def load_template(path: Path | None) -> str:
@@ -41,3 +45,23 @@ def build_prompt(question: str, evidence_pages: Sequence[str], template: str = D
     if max_evidence_chars > 0:
         evidence = evidence[:max_evidence_chars]
     return template.replace("{evidence}", evidence).replace("{question}", question.strip())
+
+
+def instructed(examples: Sequence[Example], instruction: str) -> tuple[Example, ...]:
+    """The examples with `instruction` after each prompt, in the same chat template: other
+    prompts, so other answers to the cache (and another id to the engine's prompt check)."""
+    return tuple(dataclasses.replace(ex, id=f"{ex.id}{INSTRUCTED}", prompt=f"{ex.prompt}{_suffix(instruction)}")
+                 for ex in examples)
+
+
+def uninstructed(examples: Sequence[Example], instruction: str) -> tuple[Example, ...]:
+    """The examples `instructed` made, as they were before: the instruction taken off."""
+    suffix = _suffix(instruction)
+    if not all(ex.id.endswith(INSTRUCTED) and ex.prompt.endswith(suffix) for ex in examples):
+        raise ValueError("uninstructed: an example does not carry the instruction")
+    return tuple(dataclasses.replace(ex, id=ex.id.removesuffix(INSTRUCTED), prompt=ex.prompt.removesuffix(suffix))
+                 for ex in examples)
+
+
+def _suffix(instruction: str) -> str:
+    return f"\n\n{instruction}"

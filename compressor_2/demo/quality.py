@@ -64,9 +64,9 @@ def score(engine: TransformersEngine, examples: list[Example], eos_bias: float,
 
 def eos_engine(model: Path, batch_size: int, max_new_tokens: int) -> TransformersEngine:
     """The engine on a two-cluster map: cluster 0 = the EOS token(s), cluster 1 = the rest."""
-    from transformers import AutoTokenizer
+    from compressor_2.pretrained import load_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer = load_tokenizer(str(model))
     clusters = np.ones(len(tokenizer), dtype=np.int64)
     clusters[tokenizer.eos_token_id] = 0
     return TransformersEngine(str(model), clusters, 2, batch_size=batch_size,

@@ -55,6 +55,7 @@ from compressor_2.engines.sglang_probe import (
     probe_cluster,
 )
 from compressor_2.engines.sglang_server import SGLangServer
+from compressor_2.pretrained import load_tokenizer
 from compressor_2.steering.guarded import guarded_spec
 from compressor_2.steering.processor import custom_params, encode_cluster_map, processor_spec
 
@@ -73,16 +74,6 @@ TIMEOUT_RETRIES = 2
 
 class _ServerLost(Exception):
     """The launched server died with this request unfinished: restart and resend."""
-
-
-def load_tokenizer(model_path: str) -> Any:
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(model_path)
-    except (OSError, ValueError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ConfigError(f"CONFIG_MODEL_PATH={model_path!r}: cannot load the tokenizer: {first}") from None
 
 
 def _error_message(response: httpx.Response) -> str:
@@ -124,6 +115,10 @@ class SGLangEngine:
             raise ValueError("no server URL")
         self.urls = tuple(urls)
         self.clusters = clusters
+        # Every token of cluster 0 ends an answer, as in the transformers engine: a server stops
+        # only at its model's eos ids, which may leave out one of cluster 0's end markers (a
+        # GGUF of SmolLM2 ends at <|im_end|>, not at <|endoftext|>).
+        self.stop_ids = np.flatnonzero(np.asarray(clusters.token_clusters) == 0).tolist()
         self.tokenize = tokenize
         # None ("auto") until check_servers has seen whether a URL is a router.
         self._api: Api | None = None if api == "auto" else APIS[api]
@@ -365,6 +360,7 @@ class SGLangEngine:
         `sampling` overrides the run's (the probe's greedy 8 tokens)."""
         stated = {
             **STATED_SAMPLING,
+            "stop_token_ids": self.stop_ids or None,
             "temperature": self.temperature,
             "max_new_tokens": self.max_new_tokens,
             "custom_params": params if params is not None else custom_params(request.deltas, self.clusters),

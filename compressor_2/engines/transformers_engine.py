@@ -7,24 +7,24 @@ each row carries its own deltas, so a whole generation of individuals shares bat
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessorList, PreTrainedModel
+from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
 
 from compressor_2.common import ConfigError
 from compressor_2.engines.base import Generation, GenerationRequest, Progress
 from compressor_2.engines.chat import encode_prompt, prompt_label
+from compressor_2.engines.prompt_cache import CACHE_ARG, PromptCache, UnsupportedCache
+from compressor_2.pretrained import load_causal_lm, load_tokenizer
 from compressor_2.steering.hf_processor import DeltaBiasProcessor
 
 if TYPE_CHECKING:
     from compressor_2.clusters.build import ClusterSet
     from compressor_2.config import Config
-
-T = TypeVar("T")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -38,14 +38,6 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"CONFIG_TRANSFORMERS_DEVICE={name!r} but torch sees no CUDA GPU (use auto or cpu)")
     return device
-
-
-def _load(loader: Callable[..., T], model_path: str, **kwargs: object) -> T:
-    try:
-        return loader(model_path, **kwargs)
-    except (OSError, ValueError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ConfigError(f"CONFIG_MODEL_PATH={model_path!r}: cannot load the model: {first}") from None
 
 
 class _SpuriousMaskWarning(logging.Filter):
@@ -76,11 +68,12 @@ def _without_spurious_mask_warning() -> Iterator[None]:
 
 
 class TransformersEngine:
-    """Implements `Engine` with a Hugging Face causal LM loaded through `from_pretrained`."""
+    """Implements `Engine` with a Hugging Face causal LM loaded through `from_pretrained`
+    (a GGUF file's weights dequantised once, when the engine starts)."""
 
     def __init__(self, model_path: str, token_clusters: np.ndarray, num_clusters: int, *,
                  batch_size: int = 32, max_new_tokens: int = 256, temperature: float = 0.0,
-                 device: str = "auto", threads: int = 0) -> None:
+                 device: str = "auto", threads: int = 0, prompt_cache_mb: int = 2048) -> None:
         if threads > 0:
             torch.set_num_threads(threads)
         self.model_path = model_path
@@ -89,7 +82,7 @@ class TransformersEngine:
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
         self.device = resolve_device(device)
-        self.tokenizer = _load(AutoTokenizer.from_pretrained, model_path)
+        self.tokenizer = load_tokenizer(model_path)
         # Counted as build-clusters counts it (a vocabulary may have holes in its ids).
         vocab_size = max(len(self.tokenizer), max(self.tokenizer.get_vocab().values(), default=-1) + 1)
         if len(token_clusters) != vocab_size:
@@ -97,16 +90,15 @@ class TransformersEngine:
                 f"the cluster map covers {len(token_clusters)} tokens but the tokenizer of "
                 f"{model_path!r} has {vocab_size}: rerun build-clusters for this model"
             )
-        # On a GPU keep the checkpoint's half precision; on a CPU float32 is the fast path.
-        dtype = "auto" if self.device.type == "cuda" else torch.float32
-        self.model: PreTrainedModel | None = _load(AutoModelForCausalLM.from_pretrained, model_path, dtype=dtype)
+        self.model: PreTrainedModel | None = load_causal_lm(model_path, gpu=self.device.type == "cuda")
         self.model.to(self.device).eval()
         self.token_clusters = torch.as_tensor(np.asarray(token_clusters, dtype=np.int64), device=self.device)
         self.tokenizer.padding_side = "left"
-        self.eos_ids = self._eos_ids()
+        self.eos_ids = self._eos_ids(token_clusters)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.convert_ids_to_tokens(self.eos_ids[0])
         self.context = getattr(self.model.config, "max_position_embeddings", None)
+        self.prompts: PromptCache | None = PromptCache(self.model, prompt_cache_mb << 20)
 
     @classmethod
     def from_config(cls, config: Config, clusters: ClusterSet) -> TransformersEngine:
@@ -114,15 +106,19 @@ class TransformersEngine:
             config.model_path, clusters.token_clusters, len(clusters.cluster_ids),
             batch_size=config.transformers_batch_size, max_new_tokens=config.max_new_tokens,
             temperature=config.temperature, device=config.transformers_device,
-            threads=config.transformers_threads,
+            threads=config.transformers_threads, prompt_cache_mb=config.transformers_prompt_cache_mb,
         )
 
-    def _eos_ids(self) -> list[int]:
-        """The ids generation stops at: generation_config's (int or list) and the tokenizer's."""
+    def _eos_ids(self, token_clusters: np.ndarray) -> list[int]:
+        """The ids generation stops at: generation_config's (int or list), the tokenizer's, and
+        every other token of cluster 0 (a chat model's other end markers: SmolLM2's
+        `<|endoftext|>` beside its eos `<|im_end|>`), so that what the EOS delta raises ends
+        the answer whichever end token the model emits."""
         configured = self.model.generation_config.eos_token_id
         ids = [configured] if isinstance(configured, int) else list(configured or [])
         if self.tokenizer.eos_token_id is not None:
             ids.append(self.tokenizer.eos_token_id)
+        ids += np.flatnonzero(np.asarray(token_clusters) == 0).tolist()
         ids = list(dict.fromkeys(ids))
         if not ids:
             raise ConfigError(f"CONFIG_MODEL_PATH={self.model_path!r}: the model defines no EOS token")
@@ -175,11 +171,24 @@ class TransformersEngine:
             if self.temperature > 0 else {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
         with _without_spurious_mask_warning():
             output = self.model.generate(
-                **padded, logits_processor=processors, max_new_tokens=self.max_new_tokens,
-                eos_token_id=self.eos_ids, pad_token_id=self.tokenizer.pad_token_id, **sampling,
+                **padded, **self._prompt_caches(encoded), logits_processor=processors,
+                max_new_tokens=self.max_new_tokens, eos_token_id=self.eos_ids, pad_token_id=self.tokenizer.pad_token_id, **sampling,
             )
         new_tokens = output[:, padded["input_ids"].shape[1]:].tolist()
         return [self._finish(row) for row in new_tokens]
+
+    def _prompt_caches(self, encoded: list[list[int]]) -> dict[str, DynamicCache]:
+        """`generate`'s cache argument holding the batch's prompts but their last tokens;
+        none for a model whose cache cannot be padded (it then prefills every row)."""
+        if self.prompts is None:
+            return {}
+        try:
+            cache = self.prompts.batch(encoded, self.max_new_tokens)
+        except UnsupportedCache as exc:
+            logging.getLogger("compressor_2.engines").info("prompt cache off: %s", exc)
+            self.prompts = None
+            return {}
+        return {} if cache is None else {CACHE_ARG: cache}
 
     def _finish(self, tokens: list[int]) -> Generation:
         """Cut at the first EOS; like SGLang's completion_tokens, the EOS itself counts."""

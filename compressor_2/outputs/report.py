@@ -26,7 +26,7 @@ from compressor_2.fitness import example_key
 from compressor_2.judges import gold_kind
 from compressor_2.outputs.plots import FITNESS_PLOT, FRONT_PLOT, LENGTHS_PLOT
 from compressor_2.outputs.tree import TREE_PLOT
-from compressor_2.resume import IDENTITY_KEY
+from compressor_2.resume import IDENTITY_KEY, IN_SEARCH
 from compressor_2.verdict import (
     BASELINE_ID,
     HELDOUT,
@@ -34,6 +34,7 @@ from compressor_2.verdict import (
     Arm,
     Claims,
     Standing,
+    arm_results,
     ci,
     does_as_well,
     p_text,
@@ -133,6 +134,8 @@ def render(archive: RunArchive, out: Path, pool: Sequence[Example], heldout: Seq
     best_arm = Arm(best_genome or "")
     record = read_record(archive) if best_genome is not None and now.zeros is not None else None
     tools = tool_rows(claims, record, now.zeros or "", best_genome or "") if record is not None else []
+    in_search = _recorded(archive, IN_SEARCH) not in ("", "n")  # the run's prompts carry the instruction
+    arms_split, arms = ("", []) if record is None else arm_results(claims, record, now.zeros or "", best_genome or "")
     judge = scoring_judge(archive)
     return _template().render(
         run_dir=str(out), generated=datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S"),
@@ -150,6 +153,7 @@ def render(archive: RunArchive, out: Path, pool: Sequence[Example], heldout: Seq
                for p, held in now.front()],
         best_training=claims.paired(zeros, best_arm, TRAINING), best_claim=claims.paired(zeros, best_arm, HELDOUT),
         tools=tools, tools_verdict=tools_verdict(tools, claims.level) if tools else "",
+        arms=arms, arms_heldout=arms_split == HELDOUT, instruction_in_search=in_search,
         eos_tried=record.eos if record is not None else (), level=ci(claims.level), p_text=p_text, verdict=verdict,
         does_as_well=does_as_well,
         judge=judge, judge_warning=weak_gold_warning(judge, (*pool, *heldout)),
@@ -164,15 +168,19 @@ def render(archive: RunArchive, out: Path, pool: Sequence[Example], heldout: Seq
 def scoring_judge(archive: RunArchive) -> str:
     """The judge the run was recorded with, as the config names it: numeric, llm (model)
     or hybrid (model)."""
+    name, model = _recorded(archive, "CONFIG_JUDGE_*"), _recorded(archive, "CONFIG_JUDGE_MODEL")
+    if not name:
+        return "unknown (the run recorded no settings)"
+    return f"{name} ({model})" if name != "numeric" and model else str(name)
+
+
+def _recorded(archive: RunArchive, setting: str) -> str:
+    """The value of `setting` in the run's recorded identity ("" when not recorded)."""
     try:
         identity = json.loads(archive.meta(IDENTITY_KEY) or "{}")
     except ValueError:
         identity = {}
-    name = identity.get("CONFIG_JUDGE_*", "") if isinstance(identity, dict) else ""
-    model = identity.get("CONFIG_JUDGE_MODEL", "") if isinstance(identity, dict) else ""
-    if not name:
-        return "unknown (the run recorded no settings)"
-    return f"{name} ({model})" if name != "numeric" and model else str(name)
+    return str(identity.get(setting, "")) if isinstance(identity, dict) else ""
 
 
 def weak_gold_warning(judge: str, examples: Sequence[Example]) -> str:

@@ -2,10 +2,12 @@
 
 from compressor_2.resume.fields import FieldError
 from compressor_2.resume.history import (
-    HISTORY_FILE, Score, Work, append_log, load_history, save_history, step_entry, truncate_log, work_entry,
+    HISTORY_FILE, Score, Work, append_log, load_history, log_lines, save_history, step_entry, truncate_log,
+    work_entry,
 )
 from compressor_2.resume.identity import (
-    CONCURRENCY, IDENTITY_KEY, STEPS, Option, RunInputs, check_identity, check_settings, compared, model_identity,
+    CONCURRENCY, IDENTITY_KEY, IN_SEARCH, STEPS, Option, RunInputs, check_identity, check_settings, compared,
+    model_identity, recorded_context,
 )
 from compressor_2.resume.lock import LOCK_FILE, check_lock_file, run_lock
 from compressor_2.resume.state import (
@@ -13,8 +15,9 @@ from compressor_2.resume.state import (
     read_state, restore_rngs, save_state, seed_rng, state_json,
 )
 
-__all__ = ["CONCURRENCY", "GLOBAL_RNGS", "HISTORY_FILE", "IDENTITY_KEY", "LOCK_FILE", "STEPS", "FieldError", "Member",
-           "Option", "RunInputs", "Saved", "Score", "StateFormat", "Work", "append_log", "candidate_ids",
-           "capture_rngs", "check_identity", "check_lock_file", "check_settings", "check_state", "compared",
-           "held_list", "load_history", "model_identity", "read_member", "read_state", "restore_rngs", "run_lock",
-           "save_history", "save_state", "seed_rng", "state_json", "step_entry", "truncate_log", "work_entry"]
+__all__ = ["CONCURRENCY", "GLOBAL_RNGS", "HISTORY_FILE", "IDENTITY_KEY", "IN_SEARCH", "LOCK_FILE", "STEPS",
+           "FieldError", "Member", "Option", "RunInputs", "Saved", "Score", "StateFormat", "Work", "append_log",
+           "candidate_ids", "capture_rngs", "check_identity", "check_lock_file", "check_settings", "check_state",
+           "compared", "held_list", "load_history", "log_lines", "model_identity", "read_member", "read_state",
+           "recorded_context", "restore_rngs", "run_lock", "save_history", "save_state", "seed_rng", "state_json",
+           "step_entry", "truncate_log", "work_entry"]

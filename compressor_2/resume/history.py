@@ -146,11 +146,18 @@ def append_log(path: Path, entries: Sequence[dict[str, Any]]) -> None:
 
 
 def truncate_log(path: Path, before: int) -> None:
-    """The step log without the lines of steps from `before` on, which a resume replays; a
-    line it cannot read is refused, naming it."""
+    """The step log without the lines of steps from `before` on, which a resume replays."""
+    if path.exists():
+        kept = [line for step, line in log_lines(path) if step < before]
+        atomic_write_text(path, "".join(line + "\n" for line in kept))
+
+
+def log_lines(path: Path) -> list[tuple[int, str]]:
+    """(step, line) of every line of the step log `path`; a line that cannot be read is
+    refused, naming it (a resume reads it with the state, before it writes anything)."""
     if not path.exists():
-        return
-    kept = []
+        return []
+    lines = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
             continue
@@ -163,6 +170,5 @@ def truncate_log(path: Path, before: int) -> None:
         if step is None:
             raise ConfigError(f"'{path}' line {number} is not a JSON object; remove the line, or move the run "
                               "directory away to start a fresh run")
-        if step < before:
-            kept.append(line)
-    atomic_write_text(path, "".join(line + "\n" for line in kept))
+        lines.append((step, line))
+    return lines

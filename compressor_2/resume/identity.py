@@ -36,6 +36,7 @@ from compressor_2.model_digest import model_digest
 IDENTITY_KEY = "identity"  # in the archive's meta table
 DIGEST_CHARS = 16
 SHORT_VALUE = 120  # characters: longer values are recorded as a digest
+IN_SEARCH = "CONFIG_INSTRUCTION_IN_SEARCH (y: the instruction it adds)"  # its setting's name; "n" when off
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,9 @@ IDENTITY: tuple[Setting, ...] = (
     Setting("the initial deltas (what CONFIG_INITIAL_DELTAS_PATH holds)", ("INITIAL_DELTAS_PATH",),
             lambda _, i: _initial(i)),
     Setting("CONFIG_SEED", ("SEED",), lambda c, _: c.seed),
+    # What every prompt of the search carries: the instruction's text while it is y.
+    Setting(IN_SEARCH, ("INSTRUCTION_IN_SEARCH",),
+            lambda c, _: c.compare_instruction if c.instruction_in_search else False),
 )
 MAY_CHANGE: tuple[Setting, ...] = (
     Setting("CONFIG_OUTPUT_DIR", ("OUTPUT_DIR",), lambda c, _: str(c.output_dir),
@@ -186,7 +190,8 @@ MAY_CHANGE: tuple[Setting, ...] = (
     *(Setting(f"CONFIG_{name.upper()}", (name.upper(),), lambda c, _, n=name: getattr(c, n), JUDGE_BOUND)
       for name in ("judge_timeout", "judge_max_consecutive_failures")),
     *(Setting(f"CONFIG_{name.upper()}", (name.upper(),), lambda c, _, n=name: getattr(c, n), SPEED)
-      for name in ("transformers_batch_size", "transformers_device", "transformers_threads", "eval_concurrency",
+      for name in ("transformers_batch_size", "transformers_device", "transformers_threads",
+                   "transformers_prompt_cache_mb", "eval_concurrency",
                    "sglang_command", "sglang_urls", "sglang_port", "sglang_allow_remote", "sglang_startup_timeout",
                    "sglang_poll_interval", "sglang_request_timeout", "sglang_max_restarts", "sglang_stop_grace")),
     Setting("CONFIG_SGLANG_API", ("SGLANG_API",), lambda c, _: c.sglang_api,
@@ -257,10 +262,12 @@ def changes(recorded: Mapping[str, str], current: Mapping[str, str]) -> tuple[li
     return refused, allowed
 
 
-def check_identity(archive: RunArchive, config: Config, inputs: RunInputs, context: str) -> None:
-    """Records the run's identity at its start; on a resume compares it with the one recorded
-    and refuses any refused change (ConfigError, one detail line per setting), prints a
-    line for each allowed change, and records the new values."""
+def check_identity(archive: RunArchive, config: Config, inputs: RunInputs, context: str) -> dict[str, str]:
+    """On a resume, compares the run's identity with the one recorded: refuses any refused
+    change (ConfigError, one detail line per setting) and prints a line for each allowed
+    change. Returns the meta rows that record this start's identity; nothing is written
+    here, so that a resume refused later (a run file, a missing key) leaves the archive as
+    it was: the caller records them once everything is checked."""
     current = run_identity(config, inputs)
     stored = archive.meta(IDENTITY_KEY)
     if archive.last_candidate_id() == 0:
@@ -272,7 +279,17 @@ def check_identity(archive: RunArchive, config: Config, inputs: RunInputs, conte
     else:
         for line in _allowed(archive, stored, current):
             say(f"changed since the last start: {line}")
-    archive.set_meta({IDENTITY_KEY: json.dumps(current), "strategy": config.strategy})
+    return {IDENTITY_KEY: json.dumps(current), "strategy": config.strategy}
+
+
+def recorded_context(archive: RunArchive) -> str | None:
+    """The answer context a run recorded (its answers are cached under it), when a resume
+    keeps it: the run recorded its identity, which covers every setting of the context (the
+    model by what it holds, not by its path), so a resume the identity lets through answers
+    as the run did, and a copied or moved model keeps its cached answers."""
+    if archive.last_candidate_id() == 0 or archive.meta(IDENTITY_KEY) is None:
+        return None
+    return archive.meta("context")
 
 
 def check_settings(archive: RunArchive, config: Config, inputs: RunInputs) -> None:

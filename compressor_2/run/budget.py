@@ -110,6 +110,11 @@ class Budget:
         self._earlier_seconds = archive.meta_count("wall_seconds")
         self._session_start = clock()
 
+    def start(self) -> None:
+        """The session's clock starts now: what it did before its first step (measuring the
+        baseline apart) is not the search's."""
+        self._session_start = self._clock()
+
     def spent(self) -> Spent:
         _, prompt, completion = self.archive.reflector_tokens()
         return Spent(self.archive.metric_calls(), prompt + completion, self.seconds() / 60)

@@ -4,8 +4,9 @@ A strategy supplies only its decisions (`Strategy`): how it starts, one step, it
 one typed object, and how it restores it. The driver does the rest, in the order that
 keeps a resume exact:
 - a fresh start (forgetting what an earlier start that saved nothing made) or a resume:
-  the state read and checked before any work, what an interrupted step had made
-  forgotten, the RNGs, the best-ever and the strategy restored;
+  the state read and checked before anything is written (then the caller's `begin`, the
+  session's first writes), what an interrupted step had made forgotten, the RNGs, the
+  best-ever and the strategy restored;
 - every step: its evaluations pass the budget's gate (a budget reached inside a step
   stops it before its next fresh answers); then the history, the state, the outputs (on
   a clock) and the step's line;
@@ -29,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -55,6 +56,7 @@ from compressor_2.resume import (
     capture_rngs,
     check_state,
     load_history,
+    log_lines,
     read_state,
     restore_rngs,
     save_history,
@@ -114,11 +116,13 @@ class Strategy(Protocol):
         return []
 
 
-def drive(run: Run, strategy: Strategy) -> str:
+def drive(run: Run, strategy: Strategy, begin: Callable[[], None] = lambda: None) -> str:
     """Runs `strategy` from its start or its saved state to its stop; returns why it
-    stopped. An interruption or a failure is recorded in the archive's events, with the
-    front and the report drawn, and raised."""
-    driver = Driver(run, strategy)
+    stopped. `begin`: what the session writes before its steps (the caller's), called once
+    the run's files were read and checked, so a refused resume writes nothing. An
+    interruption or a failure is recorded in the archive's events, with the front and the
+    report drawn, and raised."""
+    driver = Driver(run, strategy, begin)
     try:
         with CallWatch(run.reflector):
             return driver.drive()
@@ -134,8 +138,8 @@ def drive(run: Run, strategy: Strategy) -> str:
 
 
 class Driver:
-    def __init__(self, run: Run, strategy: Strategy) -> None:
-        self.run, self.strategy, self.archive = run, strategy, run.archive
+    def __init__(self, run: Run, strategy: Strategy, begin: Callable[[], None] = lambda: None) -> None:
+        self.run, self.strategy, self.archive, self.begin = run, strategy, run.archive, begin
         self.path = run.out / strategy.state_format.file
         self.history: list[dict[str, Any]] = []
         self.saved: Saved[Any] | None = None
@@ -145,7 +149,8 @@ class Driver:
 
     def drive(self) -> str:
         stopped_cleanly = self.archive.last_event() == "stop"  # the last session was not cut short
-        saved = self._read()  # before the start is recorded: a refused resume leaves the archive as it was
+        saved = self._read()  # before anything is written: a refused resume leaves every file as it was
+        self.begin()
         self.archive.event("start", strategy=self.run.config.strategy, metric_calls=self.archive.metric_calls())
         if saved is None:
             return self._steps(self._start())
@@ -159,30 +164,33 @@ class Driver:
 
     def _read(self) -> Saved[Any] | None:
         """The state and the history, checked; and every row the outputs draw on read once
-        (the candidates, the checks' results, the events): a hand-edited one is refused
-        before any work, and before the archive records this session's start."""
+        (the candidates, the checks' results, the events, the answers): a hand-edited one
+        is refused before anything is written. An archive with later steps than a start
+        means the state file was lost: that is refused, never silently restarted."""
         config = self.run.config
         saved = read_state(self.path, self.strategy.state_format, self.run.cluster_ids,
                            config.lambda_shortness + config.lambda_correctness)
+        if saved is None and (last := self.archive.last_step()) is not None and last >= 1:
+            raise ConfigError(f"'{self.archive.path}' holds steps up to {last} but '{self.path}' is missing: restore "
+                              "it, or move the run directory away (or choose another CONFIG_OUTPUT_DIR) to start a "
+                              "fresh run")
         if saved is not None:
             check_state(saved, self.path, self.strategy.state_format, self.archive,
                         deterministic=config.temperature == 0)
+            if self.strategy.state_format.log is not None:  # read with the state, before anything is written
+                log_lines(self.run.out / self.strategy.state_format.log)
             # The history the run goes on from (all of it when every step has run; a resume
             # rewrites the rest).
             self.history = load_history(self.run.out / HISTORY_FILE,
                                         before=None if self._all_run(saved.step) else saved.step)
         standing(self.archive)
         self.archive.events()
+        self.archive.check_stored_answers()
         return saved
 
     def _start(self) -> int:
         """A start without a state file forgets what an earlier start that saved nothing had
-        made (its answers stay). An archive with later steps means the state file was lost:
-        that is refused, never silently restarted."""
-        if (last := self.archive.last_step()) is not None and last >= 1:
-            raise ConfigError(f"'{self.archive.path}' holds steps up to {last} but '{self.path}' is missing: restore "
-                              "it, or move the run directory away (or choose another CONFIG_OUTPUT_DIR) to start a "
-                              "fresh run")
+        made (its answers stay)."""
         self.archive.rollback(0, from_step=SEED_STEP)
         self.strategy.start()
         self._save(0)

@@ -5,10 +5,11 @@ list), or UNSTEERED (-1) for a special or added token that no delta may move. Lo
 are often wider than the tokenizer's vocabulary: those extra columns get bias 0, and so
 do unsteered tokens, whatever the deltas.
 
-Every row of deltas gets one zero column appended, and an unsteered token reads that
-column: `gather_index` turns a map into the index that does it, once per map, so a
-decode step pays one gather as before (indexing with -1 directly costs ~1.6x on a CPU).
-`gather_index` and `apply_bias` use tensor methods only: `generate-processor` copies
+Every row of deltas gets one zero column appended (a "table" row), and an unsteered
+token reads that column: `gather_index` turns a map into the index that does it, once
+per map, so a decode step pays one gather as before (indexing with -1 directly costs
+~1.6x on a CPU). `add_bias` is that step, a table already made: one gather, one add.
+`gather_index` and `add_bias` use tensor methods only: `generate-processor` copies
 their source into a module that has no `torch` global.
 """
 
@@ -18,7 +19,7 @@ import torch
 
 
 def gather_index(token_clusters: torch.Tensor, clusters: int) -> torch.Tensor:
-    """The index `apply_bias` gathers with: a token's cluster, and `clusters` (the zero
+    """The index `add_bias` gathers with: a token's cluster, and `clusters` (the zero
     column appended to rows of `clusters` deltas) for an unsteered token (-1)."""
     return token_clusters.where(token_clusters >= 0, clusters)
 
@@ -38,13 +39,24 @@ def bias_matrix(
     return bias
 
 
+def add_bias(logits: torch.Tensor, table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """logits (rows, width) + each row's bias, in place; returns logits. `table` is (rows,
+    clusters + 1) in the logits' dtype and device, its last column 0; `index` is
+    `gather_index` of the cluster map on that device, no longer than the logits are wide
+    (the columns past it, the model's padding, get no bias)."""
+    bias = table.index_select(1, index)
+    if index.shape[0] == logits.shape[1]:
+        return logits.add_(bias)
+    logits.narrow(1, 0, index.shape[0]).add_(bias)
+    return logits
+
+
 def apply_bias(logits: torch.Tensor, deltas_rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """logits (rows, width) + the bias of each row's deltas, in place; returns logits.
-    `index` is `gather_index` of the cluster map for rows of this many deltas."""
+    `index` is `gather_index` of the cluster map for rows of this many deltas. The deltas
+    are cast to the logits' dtype first, so the add is in that dtype. The one-shot form,
+    and the reference the SGLang processor's steps are held to (it keeps the table)."""
     rows, clusters = deltas_rows.shape
-    padded = logits.new_zeros((rows, clusters + 1))  # the zero column unsteered tokens read
-    padded[:, :clusters] = deltas_rows
-    index = index.to(logits.device)
-    vocab = min(int(index.shape[0]), logits.shape[1])
-    logits[:, :vocab] += padded.index_select(1, index[:vocab])
-    return logits
+    table = logits.new_zeros((rows, clusters + 1))  # the zero column unsteered tokens read
+    table[:, :clusters] = deltas_rows
+    return add_bias(logits, table, index.to(logits.device)[: logits.shape[1]])

@@ -1,6 +1,6 @@
 """`generate-processor`: a standalone SGLang processor module with the deltas baked in.
 
-The module holds the verbatim source of `gather_index`, `apply_bias` and
+The module holds the verbatim source of `gather_index`, `add_bias` and
 `SteeringProcessor` (so the arithmetic still has one home, bias.py), then sets the class's defaults: the deltas
 and the cluster map, EMBEDDED (zlib + base64) rather than referenced by a path. One
 file is then the whole deployment: nothing to copy next to it on the server, no path
@@ -84,7 +84,7 @@ def render_processor(deltas: list[float], clusters: ClusterSet, deltas_path: Pat
             fingerprint_file=FINGERPRINT_FILE, unsteered=UNSTEERED,
         ),
         inspect.getsource(bias.gather_index),
-        inspect.getsource(bias.apply_bias),
+        inspect.getsource(bias.add_bias),
         inspect.getsource(processor.SteeringProcessor),
         _FOOTER.format(deltas=tuple(deltas),
                        cluster_map="\n".join(f"    {chunk!r}" for chunk in chunks)),

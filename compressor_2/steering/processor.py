@@ -19,14 +19,21 @@ class; here both are empty, so such rows stay unsteered.
 It never raises: an exception inside a processor kills the SGLang server. A row with
 bad params is left unchanged and the problem is logged once per server process.
 
-A step costs one gather and one add on the logits' device: each distinct delta list
-becomes a small tensor there once, kept in a bounded LRU cache on the class (SGLang
-makes a new instance for every batch), so no step builds a Python matrix or copies
-from host memory to the GPU (a pageable copy would also stall the host until the GPU
-catches up).
+Once a batch's rows are known, a step costs one gather and one add on the logits'
+device (`add_bias`) and no host-GPU synchronisation. SGLang hands over the same
+custom_params objects at every step of a batch (it makes each request's dict once, on
+arrival, and never changes it), so the batch's (rows, clusters + 1) table of deltas is
+made once and kept, keyed by the identity of each row's params: a step's Python work
+is that key and one dict look-up, with no per-row loop and no tensor made from a list.
+Whatever is kept under a params' identity holds the params too, so no new object can
+take that identity while it is kept. When a request joins or leaves, the new batch's
+table is stacked from rows already on the device: each request's params are checked
+once (kept by identity, as above), and each distinct delta list is copied to the device
+once (from pinned memory, without waiting for the GPU) and kept in a bounded LRU cache.
+The caches live on the class: SGLang makes a new instance for every batch.
 
 The class is self-contained on purpose (imports inside methods, state on the class,
-the arithmetic in `apply_bias`), so the same source also works pickled by value:
+the arithmetic in `add_bias`), so the same source also works pickled by value:
 dill sends the class and what its methods reference, never this module's globals.
 """
 
@@ -42,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from compressor_2.clusters.layout import FINGERPRINT_FILE, UNSTEERED
-from compressor_2.steering.bias import apply_bias, gather_index
+from compressor_2.steering.bias import add_bias, gather_index
 
 if TYPE_CHECKING:
     from compressor_2.clusters.clusterset import ClusterSet
@@ -57,15 +64,27 @@ class SteeringProcessor:
     default_cluster_map: str = ""
     fingerprint_file: str = FINGERPRINT_FILE
     unsteered: int = UNSTEERED  # the map's id of a special or added token: bias 0, whatever the deltas
-    # Distinct delta lists kept on the device: a few bytes each, far more than one
-    # generation of a run sends.
+    # Distinct delta lists kept on the device, and requests' params kept by identity: a
+    # few bytes each, far more than one generation of a run sends.
     cache_size: int = 4096
+    # Batches kept: a running batch is a new one whenever a request joins or leaves, and
+    # SGLang makes one call per processor string a step (prefill and decode batches too).
+    batch_cache_size: int = 32
     # Class-level on purpose: SGLang makes a new instance per batch.
     _maps: dict = {}
-    # (map, (device, dtype), deltas) -> deltas tensor, or None when all zero; and
-    # (map, (device, dtype), None) -> the zeros row a steered batch gives its unsteered rows.
-    # LRU order: a zeros row can be evicted too, and is then made again on its next use.
+    # (map, (device, dtype), deltas) -> the deltas and a 0 (the column unsteered tokens
+    # read) as a tensor, or None when all zero; and (map, (device, dtype), None) -> the
+    # zeros row a steered batch gives its unsteered rows. LRU order: a zeros row can be
+    # evicted too, and is then made again on its next use.
     _rows: dict = {}
+    # (class, (device, dtype)) -> {id of a row's params -> (map, deltas row or None, the
+    # params)}: what a batch that a request joins needs of the rows it had already seen.
+    # Insertion order; at most cache_size entries each.
+    _known: dict = {}
+    # (class, device, dtype, shape, id of each row's params) -> (those params, the batch's
+    # (table, index) pairs, one per cluster map its rows use). Insertion order: a look-up
+    # that also moved the entry would hash the key twice a step.
+    _batches: dict = {}
     _warned: set = set()
 
     def __call__(self, logits: Any, custom_param_list: Sequence[Any] | None = None) -> Any:
@@ -81,13 +100,15 @@ class SteeringProcessor:
 
         A class from an importable module goes by reference (the server imports it);
         one defined in `__main__` goes by value (same Python minor version needed).
-        `recurse` sends only the globals the methods use, such as `apply_bias`."""
+        `recurse` sends only the globals the methods use, such as `add_bias`."""
         import dill
 
         # By value the class attributes travel too: send empty caches, not the
         # tensors this process may have loaded (they reload on first use).
         cls._maps.clear()
         cls._rows.clear()
+        cls._known.clear()
+        cls._batches.clear()
         return json.dumps({"callable": dill.dumps(cls, recurse=True).hex()})
 
     @classmethod
@@ -100,34 +121,60 @@ class SteeringProcessor:
 
     @classmethod
     def _steer(cls, logits: Any, custom_param_list: Sequence[Any] | None) -> Any:
+        params = (None,) * logits.shape[0] if custom_param_list is None else custom_param_list
+        key = (cls, logits.device, logits.dtype, logits.shape, tuple(map(id, params)))
+        batches = cls._batches
+        batch = batches.get(key)
+        if batch is None:
+            batch = cls._new_batch(logits, tuple(params))
+            while len(batches) >= cls.batch_cache_size:
+                del batches[next(iter(batches))]  # the oldest, even if still running: made again once
+            batches[key] = batch
+        for table, index in batch[1]:
+            add_bias(logits, table, index)
+        return logits
+
+    @classmethod
+    def _new_batch(cls, logits: Any, params: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        """(params, one (table, index) per cluster map the rows use): what `add_bias` adds
+        at every step of this batch. Holding `params` keeps their ids out of reuse. Rows
+        seen in an earlier batch cost a look-up by id, not their params' checks again."""
         import torch
 
-        rows = logits.shape[0]
-        params_list = [None] * rows if custom_param_list is None else list(custom_param_list)
-        if len(params_list) != rows:
-            cls._warn_once(f"{len(params_list)} custom_params for {rows} logit rows: batch left unchanged")
-            return logits
-        groups: dict[Any, dict[int, Any]] = {}
-        for row, params in enumerate(params_list):
-            plan = cls._row_plan(params)
-            if plan is not None:
-                groups.setdefault(plan[0], {})[row] = plan[1]
+        rows, width = logits.shape
+        if len(params) != rows:
+            cls._warn_once(f"{len(params)} custom_params for {rows} logit rows: batch left unchanged")
+            return params, ()
         place = (str(logits.device), logits.dtype)
-        for key, row_deltas in groups.items():
-            loaded = cls._cluster_map(key, logits.device)
-            if loaded is None:
-                continue
-            clusters, needed = loaded
-            steered = {}
-            for row, deltas in row_deltas.items():
-                vector = cls._deltas_row(key, place, deltas, needed, logits)
-                if vector is not None:
-                    steered[row] = vector
-            if not steered:
-                continue  # all zero (or unusable): nothing to add
-            zero = cls._zero_row(key, place, needed, logits) if len(steered) < rows else None
-            apply_bias(logits, torch.stack([steered.get(row, zero) for row in range(rows)]), clusters)
-        return logits
+        known = cls._known.setdefault((cls, place), {})
+        found = list(map(known.get, map(id, params)))
+        for row in [row for row, entry in enumerate(found) if entry is None]:
+            found[row] = cls._know(known, params[row], place, logits)
+        adds = []
+        # The maps the steered rows use, in the rows' order (a set's would vary with the hash seed).
+        for key in dict.fromkeys(key for key, vector, _ in found if vector is not None):
+            index, needed = cls._cluster_map(key, logits.device)
+            vectors = [vector if k == key else None for k, vector, _ in found]
+            if any(vector is None for vector in vectors):
+                zero = cls._zero_row(key, place, needed, logits)
+                vectors = [zero if vector is None else vector for vector in vectors]
+            adds.append((torch.stack(vectors), index[:width]))
+        return params, tuple(adds)
+
+    @classmethod
+    def _know(cls, known: dict, params: Any, place: tuple, logits: Any) -> tuple[Any, Any, Any]:
+        """(map key, deltas row, params) for one row, kept in `known` under the params' id;
+        the row is None where it adds nothing (no deltas, all zero, or unusable)."""
+        entry: tuple[Any, Any, Any] = (None, None, params)
+        plan = cls._row_plan(params)
+        if plan is not None:
+            loaded = cls._cluster_map(plan[0], logits.device)
+            if loaded is not None:
+                entry = (plan[0], cls._deltas_row(plan[0], place, plan[1], loaded[1], logits), params)
+        while len(known) >= cls.cache_size:
+            del known[next(iter(known))]  # the oldest: a request still running is looked at again
+        known[id(params)] = entry
+        return entry
 
     @classmethod
     def _row_plan(cls, params: Any) -> tuple[Any, Any] | None:
@@ -159,8 +206,8 @@ class SteeringProcessor:
 
     @classmethod
     def _deltas_row(cls, key: Any, place: tuple, deltas: Any, needed: int, logits: Any) -> Any:
-        """The row's first `needed` deltas as a tensor on the logits' device and dtype, made
-        once per distinct list and kept in the class's LRU cache; None for a row that adds
+        """The row's first `needed` deltas and a 0 as a tensor on the logits' device and dtype,
+        made once per distinct list and kept in the class's LRU cache; None for a row that adds
         nothing (all zero) or cannot be used (logged once, and not cached)."""
         rows = cls._rows
         try:
@@ -191,8 +238,11 @@ class SteeringProcessor:
             return False
         if not any(deltas):
             return None
-        # This list's one host-to-device copy; deltas past `needed` name no cluster of the map.
-        return torch.tensor([float(d) for d in deltas[:needed]], dtype=logits.dtype, device=logits.device)
+        # This list's one host-to-device copy, from pinned memory so the host need not wait
+        # for the GPU; deltas past `needed` name no cluster of the map.
+        values = [float(d) for d in deltas[:needed]] + [0.0]
+        row = torch.tensor(values, dtype=logits.dtype, pin_memory=logits.is_cuda)
+        return row.to(logits.device, non_blocking=True)
 
     @classmethod
     def _zero_row(cls, key: Any, place: tuple, needed: int, logits: Any) -> Any:
@@ -203,7 +253,7 @@ class SteeringProcessor:
         zero_key = (key, place, None)
         zero = cls._rows.get(zero_key)
         if zero is None:
-            zero = cls._rows[zero_key] = torch.zeros(needed, dtype=logits.dtype, device=logits.device)
+            zero = cls._rows[zero_key] = torch.zeros(needed + 1, dtype=logits.dtype, device=logits.device)
         return zero
 
     @classmethod
@@ -215,8 +265,12 @@ class SteeringProcessor:
             try:
                 clusters = cls._load_map(key)
                 needed = int(clusters.max()) + 1 if clusters is not None and clusters.numel() else 0
-                cls._maps[cache_key] = None if clusters is None else (
-                    gather_index(clusters, needed).to(device), needed)
+                if clusters is None:
+                    cls._maps[cache_key] = None
+                else:
+                    index = gather_index(clusters, needed)
+                    index = index.pin_memory() if device.type == "cuda" else index
+                    cls._maps[cache_key] = (index.to(device, non_blocking=True), needed)
             except Exception as exc:  # noqa: BLE001 - see __call__
                 name = "embedded in the class" if key[0] == "embedded" else key[1]
                 cls._warn_once(f"cannot load the cluster map {name}: {type(exc).__name__}: {exc}")

@@ -85,15 +85,7 @@ def read_options(r: Reader) -> ArchiveOptions:
         fixed = r.number("ARCHIVE_MIDPOINT", -math.inf, math.inf)
         require(0 <= fixed <= 1, f"CONFIG_ARCHIVE_MIDPOINT={midpoint!r}: a fixed midpoint is a fitness in [0, 1] "
                  f"(or write p{midpoint} for a percentile of the archive's fitness values)")
-    weights = []
-    for part in filter(None, (p.strip() for p in r.string("ARCHIVE_ISSUE_WEIGHTS").split(","))):
-        name, _, value = part.partition("=")
-        weight = decimal(value.strip())
-        require(name.strip() in ISSUE_TYPES and 0 <= weight <= MAX_ISSUE_WEIGHT,
-                 f"CONFIG_ARCHIVE_ISSUE_WEIGHTS has {part!r}: write type=weight with a type among "
-                 f"{', '.join(ISSUE_TYPES)} and a weight in [0, {shown_number(MAX_ISSUE_WEIGHT)}]")
-        weights.append((name.strip(), weight))
-    require(any(w > 0 for _, w in weights), "CONFIG_ARCHIVE_ISSUE_WEIGHTS gives no issue type a weight above 0")
+    weights = _issue_weights(r)
     generators = tuple(g.strip() for g in r.string("ARCHIVE_GENERATORS").split(",") if g.strip())
     require(bool(generators) and all(g in ARCHIVE_GENERATORS for g in generators)
              and len(set(generators)) == len(generators),
@@ -122,6 +114,25 @@ def read_options(r: Reader) -> ArchiveOptions:
         postcheck_margin=r.number("ARCHIVE_POSTCHECK_MARGIN", 0, MAX_POSTCHECK_MARGIN),
         delta_limit=r.number("ARCHIVE_DELTA_LIMIT", 0, MAX_LOGITS, above=True),
     )
+
+
+def _issue_weights(r: Reader) -> list[tuple[str, float]]:
+    """CONFIG_ARCHIVE_ISSUE_WEIGHTS as (type, weight) pairs, each type once."""
+    weights: list[tuple[str, float]] = []
+    given: dict[str, str] = {}  # type -> the part that gave its weight
+    for part in filter(None, (p.strip() for p in r.string("ARCHIVE_ISSUE_WEIGHTS").split(","))):
+        name, _, value = part.partition("=")
+        weight = decimal(value.strip())
+        require(name.strip() in ISSUE_TYPES and 0 <= weight <= MAX_ISSUE_WEIGHT,
+                 f"CONFIG_ARCHIVE_ISSUE_WEIGHTS has {part!r}: write type=weight with a type among "
+                 f"{', '.join(ISSUE_TYPES)} and a weight in [0, {shown_number(MAX_ISSUE_WEIGHT)}]")
+        require(name.strip() not in given,
+                 f"CONFIG_ARCHIVE_ISSUE_WEIGHTS names {name.strip()} more than once ({given.get(name.strip())!r} and "
+                 f"{part!r}): give each issue type one weight")
+        given[name.strip()] = part
+        weights.append((name.strip(), weight))
+    require(any(w > 0 for _, w in weights), "CONFIG_ARCHIVE_ISSUE_WEIGHTS gives no issue type a weight above 0")
+    return weights
 
 
 

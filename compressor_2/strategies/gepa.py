@@ -29,7 +29,7 @@ from typing import Any
 
 from compressor_2.archive import Candidate, Spot
 from compressor_2.common import ConfigError, say
-from compressor_2.config import MAX_LOGITS, Config, Reader, require
+from compressor_2.config import MAX_LOGITS, Config, Reader, check_each_once, require
 from compressor_2.data import Example, parse_indices
 from compressor_2.deltas import to_list
 from compressor_2.fitness import Evaluation
@@ -105,6 +105,7 @@ def read_options(r: Reader) -> GepaOptions:
     for low, high in re.findall(r"([0-9]+)-([0-9]+)", indices):
         require(int(low) <= int(high), f"CONFIG_GEPA_VALSET_INDICES={indices!r} has the range {low}-{high}, which "
                  f"runs backwards: write {high}-{low}")
+    check_each_once(indices, "CONFIG_GEPA_VALSET_INDICES", "position")
     epsilon = r.number("GEPA_EPSILON", 0, 1)
     eps = r.number("GEPA_MERGE_EPS", 0, MAX_LOGITS)
     return GepaOptions(

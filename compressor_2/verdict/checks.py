@@ -17,6 +17,13 @@ answers the search already made are served from its cache, fresh ones go to
 metric calls, changes what its cache serves, or draws from its RNGs. Their results
 go to `check_results`, by split. Every claim made of them is paired against the baseline
 on the same questions (verdict/claims.py).
+
+The answers the outputs read (`measured`: the baseline's, the best's and the front's on
+the pool, the held-out check's, the simpler tools') are ones the archive records as made.
+When they are gone (rows of its answer tables deleted), `evolve` makes them again before
+its first step (`Checks.restore_lost`), as a cache does; `show`, `export` and `report`,
+which have no engine, refuse in one line naming run.sqlite (`refuse_lost`) before they
+write anything.
 """
 
 from __future__ import annotations
@@ -25,12 +32,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from compressor_2.archive import Candidate, CheckResult, RunArchive, genome_key
+from compressor_2.common import ConfigError, say
 from compressor_2.data import Example
 from compressor_2.fitness import Evaluation, Evaluator, evaluate_with_bar
+from compressor_2.verdict.arms import arms_lines
 from compressor_2.verdict.claims import HELDOUT, TRAINING, Arm, Claims
 from compressor_2.verdict.confidence import Paired, correctness_claim, tokens_claim
 from compressor_2.verdict.front import Point, pareto_front
-from compressor_2.verdict.simpler import Simpler, Tools, read_record, simpler_line
+from compressor_2.verdict.simpler import TOOLS_META, Record, Simpler, Tools, read_record, simpler_line, tools
+
 BASELINE_ID = 0  # the baseline's Point id when no candidate is the all-zero genome
 
 
@@ -101,10 +111,69 @@ def training_baseline(archive: RunArchive) -> Point | None:
     return standing(archive).baseline
 
 
-def heldout_line(g: Gain, claim: Paired) -> str:
-    """The held-out check's line: the best against the baseline on the held-out questions."""
+@dataclass(frozen=True)
+class Measured:
+    """Answers the archive records as made, and an output reads: `arm`'s on `split`."""
+
+    arm: Arm
+    split: str
+    name: str  # as a message names the arm
+    tool: bool = False  # one of the simpler tools' (their record vouches for it)
+
+
+def measured(now: Standing, record: Record | None) -> list[Measured]:
+    """What the outputs read of the answers, where the archive records them as made: the
+    baseline (a candidate of the search or measured apart), the best and the front's
+    candidates on the training pool (each assessed there: GEPA's on its valset, the others'
+    on the whole pool); every genome of the last held-out check on its questions; the
+    simpler tools on the pool, once measured."""
+    if now.zeros is None:
+        return []
+    named: dict[str, str] = {}
+    if now.baseline is not None:
+        named[now.zeros] = "the unsteered baseline"
+    for cid in ([now.best.id] if now.best is not None else []) + [p.id for p, _ in now.front()]:
+        named.setdefault(now.genome(cid), f"candidate #{cid}")
+    found = [Measured(Arm(genome), TRAINING, name) for genome, name in named.items()]
+    if record is not None:
+        found += [Measured(tool.arm, TRAINING, tool.name, tool=True) for tool in tools(record, now.zeros)]
+        best = now.genome(now.best.id) if now.best is not None else None
+        if record.instruction and best in now.heldout:
+            # Measured with the held-out check that holds this best: on the instruction's other side too.
+            side = Arm(best, without=record.instruction) if record.in_search else \
+                Arm(best, instruction=record.instruction)
+            found.append(Measured(side, HELDOUT, "the best on the instruction's other side", tool=True))
+        named.setdefault(record.eos_genome, "the EOS-only best")
+    return found + [Measured(Arm(genome), HELDOUT, named.get(genome, "a genome of the held-out check"))
+                    for genome in now.heldout]
+
+
+def lost_answers(claims: Claims, now: Standing) -> list[Measured]:
+    """The answers the outputs read that the archive lost (rows of its answer tables deleted)."""
+    return [m for m in measured(now, read_record(claims.archive)) if claims.lost(m.arm, m.split)]
+
+
+def refuse_lost(claims: Claims, read: Sequence[Measured]) -> None:
+    """Refuses, in one line naming run.sqlite, to read answers the archive lost among those
+    a reader reads (`read`, e.g. `measured`'s): a reader without an engine cannot make
+    them again, and a claim on the answers left would be another claim."""
+    found = {(m.arm, m.split): m for m in read if claims.lost(m.arm, m.split)}
+    if not found:
+        return
+    first = next(iter(found.values()))
+    where = "the training pool" if first.split == TRAINING else "the held-out questions"
+    why = "" if first.split == TRAINING else " (or the held-out questions changed since the last check)"
+    raise ConfigError(f"'{claims.archive.path}' lost answers its records rest on ({first.name}'s on {where}"
+                      f"{f', and {len(found) - 1} more' if len(found) > 1 else ''}): rows of its answer tables were "
+                      f"deleted{why}; rerun evolve with this config, which answers them again")
+
+
+def heldout_line(g: Gain, claim: Paired, instructed: bool = False) -> str:
+    """The held-out check's line: the best against the baseline on the held-out questions
+    (`instructed`: the run's prompts carry the instruction, so its baseline is the instruction alone)."""
+    baseline = "the baseline's (the instruction alone)" if instructed else "the baseline's"
     return (f"held-out ({g.best_heldout.examples} questions): best #{g.best.id} {tokens_claim(claim)}, "
-            f"{correctness_claim(claim)} against the baseline's "
+            f"{correctness_claim(claim)} against {baseline} "
             f"{g.baseline_heldout.mean_tokens:.1f} tokens, {100 * g.baseline_heldout.correctness:.1f}% correct; "
             f"gap from training: {g.best_heldout.mean_tokens - g.best.tokens:+.1f} tokens, "
             f"{100 * (g.best_heldout.correctness - g.best.correctness):+.1f} points")
@@ -123,6 +192,21 @@ class Checks:
         self.zeros = [0.0] * n_clusters
         self.simpler = simpler
 
+    def restore_lost(self) -> None:
+        """The answers the outputs read that the archive lost (`lost_answers`), made again
+        as a cache does, into the checks' table; when the simpler tools' are among them,
+        their record is dropped instead, and the checks after the search measure them again."""
+        found = lost_answers(Claims(self.archive, self.pool, self.heldout), standing(self.archive))
+        if any(m.tool for m in found):
+            self.archive.delete_meta(TOOLS_META)
+        for split, examples in ((TRAINING, self.pool), (HELDOUT, self.heldout)):
+            genomes = list(dict.fromkeys(m.arm.genome for m in found if m.split == split and not m.tool))
+            if genomes:
+                say(f"'{self.archive.path}' lost the answers of {len(genomes)} genome(s) its outputs read on the "
+                    f"{split} questions: answering them again")
+                evaluate_with_bar(self.evaluator, [[float(x) for x in g.split(",")] for g in genomes], examples,
+                                  f"answers lost, {split}")
+
     def measure_baseline(self) -> None:
         """The all-zero genome on the pool, unless the baseline is known already."""
         if training_baseline(self.archive) is not None:
@@ -140,7 +224,7 @@ class Checks:
         self.measure_baseline()
         tools = Tools(self.evaluator, self.archive, self.pool, self.heldout, len(self.zeros), self.simpler)
         checked = self.heldout_check([tools.search_eos()])
-        tools.finish(best.mean_tokens)
+        tools.finish(best.mean_tokens, list(best.deltas.values()))
         return checked
 
     def heldout_check(self, extra: Sequence[Sequence[float]] = ()) -> int:
@@ -164,7 +248,8 @@ class Checks:
 
     def closing_lines(self, checked: int) -> list[str]:
         """What the run ends with: the held-out check's accounting and its line (when it
-        checked `checked` genomes), then the simpler tools' line (when they were measured)."""
+        checked `checked` genomes), then, when the simpler tools were measured, the six arms'
+        lines (with an instruction) and the simpler tools' line."""
         now = standing(self.archive)
         if now.best is None or now.zeros is None:
             return []
@@ -175,10 +260,12 @@ class Checks:
             lines.append(checks_line(self.archive, checked, len(self.heldout), self.simpler is not None))
             g, claim = now.gain, claims.paired(Arm(now.zeros), Arm(best), HELDOUT)
             if g is not None and claim is not None:
-                lines.append(heldout_line(g, claim))
+                lines.append(heldout_line(g, claim, self.simpler is not None and self.simpler.in_search))
         record = read_record(self.archive) if self.simpler is not None else None
-        line = simpler_line(claims, record, now.zeros, best) if record is not None else None
-        return lines + ([line] if line else [])
+        if record is None:
+            return lines
+        line = simpler_line(claims, record, now.zeros, best)
+        return lines + arms_lines(claims, record, now.zeros, best) + ([line] if line else [])
 
 
 def checks_line(archive: RunArchive, genomes: int, questions: int, simpler: bool) -> str:

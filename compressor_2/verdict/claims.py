@@ -1,7 +1,8 @@
 """The run's claims with their confidence: two ways of answering (an arm: a genome, that
 genome's answers cut at a token cap, or the genome with an instruction added to every
-prompt) on the same questions of a split, their answers read from the archive (the
-search's and the checks') and paired per question (compressor_2/verdict/confidence.py).
+prompt, or taken off the prompts of a run that carries it) on the same questions of a
+split, their answers read from the archive (the search's and the checks') and paired per
+question (compressor_2/verdict/confidence.py).
 """
 
 from __future__ import annotations
@@ -12,12 +13,11 @@ from dataclasses import dataclass
 
 from compressor_2.archive import Answer, CheckStore, RunArchive
 from compressor_2.config import Config
-from compressor_2.data import Example
+from compressor_2.data import Example, instructed, uninstructed
 from compressor_2.fitness import example_key
 from compressor_2.verdict.confidence import LEVEL, Paired, compare, identical
 
 TRAINING, HELDOUT = "training", "heldout"
-INSTRUCTED = "+instruction"  # an instructed example's id: the example's and this
 
 
 @dataclass(frozen=True)
@@ -25,13 +25,7 @@ class Arm:
     genome: str  # genome_key of the deltas
     cap: int | None = None  # the answers cut at this many tokens (and judged again)
     instruction: str = ""  # added to every prompt
-
-
-def instructed(examples: Sequence[Example], instruction: str) -> tuple[Example, ...]:
-    """The examples with `instruction` after each prompt, in the same chat template: other
-    prompts, so other answers to the cache (and another id to the engine's prompt check)."""
-    return tuple(dataclasses.replace(ex, id=f"{ex.id}{INSTRUCTED}", prompt=f"{ex.prompt}\n\n{instruction}")
-                 for ex in examples)
+    without: str = ""  # taken off every prompt (CONFIG_INSTRUCTION_IN_SEARCH: the run's prompts carry it)
 
 
 def cap_context(context: str, cap: int) -> str:
@@ -46,6 +40,7 @@ class Claims:
 
     def __init__(self, archive: RunArchive, pool: Sequence[Example], heldout: Sequence[Example],
                  level: float = LEVEL) -> None:
+        self.archive = archive
         self._store = CheckStore(archive)
         self.context = archive.meta("context", "") or ""
         self.examples = {TRAINING: tuple(pool), HELDOUT: tuple(heldout)}
@@ -74,6 +69,8 @@ class Claims:
         examples = self.examples[split]
         if arm.instruction:
             examples = instructed(examples, arm.instruction)
+        if arm.without:
+            examples = uninstructed(examples, arm.without)
         answers = self.answers(arm.genome)
         found = [answers.get(example_key(ex)) for ex in examples]
         if arm.cap is None:
@@ -81,6 +78,19 @@ class Claims:
         # An answer within the cap is the capped answer too; only longer ones were cut.
         cut = self.answers(arm.genome, cap_context(self.context, arm.cap))
         return [a if a is None or a.tokens <= arm.cap else cut.get(example_key(ex)) for ex, a in zip(examples, found)]
+
+    def lost(self, arm: Arm, split: str) -> bool:
+        """Whether answers the run made for `arm` on `split` are gone from the archive (rows
+        of its answer tables deleted): a genome's or an instruction's, when none at all is
+        left; a cap's, when an answer longer than the cap has no cut. Asked only of arms the
+        archive records as measured on `split`: then each had all of these."""
+        if not self.examples[split]:
+            return False
+        outcomes = self.outcomes(arm, split)
+        if arm.cap is None:
+            return all(o is None for o in outcomes)
+        plain = self.outcomes(dataclasses.replace(arm, cap=None), split)
+        return any(p is not None and p.tokens > arm.cap and o is None for p, o in zip(plain, outcomes))
 
     def paired(self, reference: Arm, other: Arm, split: str) -> Paired | None:
         """`other` against `reference` on the questions of `split` both answered; None if none."""

@@ -12,7 +12,10 @@ search, so that the run says whether the search earned its keep on this model
   is token by token, so the first N tokens of an answer are what a cap at N generates
   (greedy: the same tokens; sampling: the same distribution). The cut re-tokenises the
   answer's text.
-- An instruction: the unsteered model with CONFIG_COMPARE_INSTRUCTION after every prompt.
+- An instruction: the unsteered model with CONFIG_COMPARE_INSTRUCTION after every prompt,
+  and the best's deltas with it on the held-out questions. With CONFIG_INSTRUCTION_IN_SEARCH
+  every prompt of the run carries it already (data/financebench.py's `as_asked`): then the
+  other side is measured, the unsteered model and the best's deltas without it.
 
 They answer through the checks' evaluator, as the held-out check does (apart from the
 search's budget and cache, cached for the next run). What they measured is recorded in the
@@ -32,10 +35,10 @@ from compressor_2.archive import Answer, CheckStore, RunArchive, genome_key
 from compressor_2.clusters.tokens import AnswerTokens
 from compressor_2.common import ConfigError, as_float
 from compressor_2.config import Config
-from compressor_2.data import Example
+from compressor_2.data import Example, instructed, uninstructed
 from compressor_2.fitness import Evaluator, evaluate_with_bar, example_key
 from compressor_2.judges import JudgeItem
-from compressor_2.verdict.claims import HELDOUT, TRAINING, Arm, Claims, cap_context, instructed
+from compressor_2.verdict.claims import HELDOUT, TRAINING, Arm, Claims, cap_context
 from compressor_2.verdict.confidence import Paired, ci, does_as_well
 
 TOOLS_META = "simpler_tools"
@@ -90,6 +93,7 @@ class Record:
     eos_genome: str  # the genome of the fittest
     cap: int  # tokens
     instruction: str  # "" when none was measured
+    in_search: bool = False  # every prompt of the run carried the instruction: measured without it
 
     @property
     def eos_best(self) -> Tried:
@@ -98,7 +102,8 @@ class Record:
 
 def write_record(archive: RunArchive, record: Record) -> None:
     archive.set_meta({TOOLS_META: json.dumps({"eos": [list(t) for t in record.eos], "eos_genome": record.eos_genome,
-                                              "cap": record.cap, "instruction": record.instruction})})
+                                              "cap": record.cap, "instruction": record.instruction,
+                                              "in_search": record.in_search})})
 
 
 def read_record(archive: RunArchive) -> Record | None:
@@ -110,9 +115,11 @@ def read_record(archive: RunArchive) -> Record | None:
     try:
         raw = json.loads(stored)
         eos = tuple(_tried(t) for t in raw["eos"])
-        record = Record(eos, raw["eos_genome"], raw["cap"], raw["instruction"])
+        # A record written before CONFIG_INSTRUCTION_IN_SEARCH has no in_search: its run had none.
+        record = Record(eos, raw["eos_genome"], raw["cap"], raw["instruction"], raw.get("in_search", False))
         if (not eos or not isinstance(record.eos_genome, str) or type(record.cap) is not int or record.cap < 1
-                or not isinstance(record.instruction, str)):
+                or not isinstance(record.instruction, str) or not isinstance(record.in_search, bool)
+                or (record.in_search and not record.instruction)):
             raise ValueError
     except (ValueError, TypeError, KeyError):
         raise ConfigError(f"'{archive.path}' table meta, row {TOOLS_META}: not what the simpler tools record; delete "
@@ -138,19 +145,28 @@ class Simpler:
     eos_index: int  # cluster 0's place in a genome
     instruction: str  # "": none
     tokens: AnswerTokens  # to cut answers at a cap
+    in_search: bool = False  # the run's prompts carry the instruction (CONFIG_INSTRUCTION_IN_SEARCH)
+
+    def other_side(self, examples: Sequence[Example]) -> tuple[Example, ...]:
+        """`examples` (as the run asks them) on the instruction's other side: with it added,
+        or taken off when the run's prompts carry it."""
+        return (uninstructed if self.in_search else instructed)(examples, self.instruction)
 
 
 def simpler_options(config: Config, cluster_ids: Sequence[str], tokens: AnswerTokens) -> Simpler | None:
     """What the config asks for; None with CONFIG_COMPARE_SIMPLE off."""
-    return Simpler(list(cluster_ids).index("0"), config.compare_instruction, tokens) if config.compare_simple else None
+    if not config.compare_simple:
+        return None
+    return Simpler(list(cluster_ids).index("0"), config.compare_instruction, tokens, config.instruction_in_search)
 
 
-def instructed_examples(config: Config, examples: Sequence[Example]) -> tuple[Example, ...]:
-    """The prompts the instruction adds to a run (none without one): the engine checks them
-    with the others before any work."""
+def other_side_examples(config: Config, examples: Sequence[Example]) -> tuple[Example, ...]:
+    """The prompts the instruction tool adds to a run (none without one): `examples` with the
+    instruction, or without it when the run's carry it. The engine checks them with the
+    others before any work."""
     if not (config.compare_simple and config.compare_instruction):
         return ()
-    return instructed(examples, config.compare_instruction)
+    return (uninstructed if config.instruction_in_search else instructed)(examples, config.compare_instruction)
 
 
 class Tools:
@@ -182,21 +198,28 @@ class Tools:
         self.tried = eos_search(assess)
         return self.genome(fittest(self.tried)[0])
 
-    def finish(self, best_tokens: float) -> None:
-        """The cap and the instruction, after the held-out check has answered with the
-        baseline; then records what the three measured."""
+    def finish(self, best_tokens: float, best: Sequence[float]) -> None:
+        """The cap and the instruction's other side (unsteered on every question, and the
+        `best` genome on the held-out ones, else on the pool), after the held-out check has
+        answered with the baseline; then records what they measured."""
         cap = self.measure_cap(best_tokens)
         if self.options.instruction:
-            examples = instructed((*self.pool, *self.heldout), self.options.instruction)
-            evaluate_with_bar(self.evaluator, [self.zeros], examples, "the instruction, unsteered")
+            side = "without the instruction" if self.options.in_search else "with the instruction"
+            other = self.options.other_side
+            evaluate_with_bar(self.evaluator, [self.zeros], other((*self.pool, *self.heldout)), f"unsteered, {side}")
+            evaluate_with_bar(self.evaluator, [list(best)], other(self.heldout or self.pool), f"the best, {side}")
         write_record(self.archive, Record(tuple(self.tried), genome_key(self.genome(fittest(self.tried)[0])), cap,
-                                          self.options.instruction))
+                                          self.options.instruction, self.options.in_search))
 
     def measure_cap(self, target: float) -> int:
         """Cuts the baseline's answers at the cap whose training mean matches `target`, and
-        judges the cut ones again (from the cache where it can)."""
+        judges the cut ones again (from the cache where it can). Baseline answers the
+        cache lost (rows deleted) are made again first: the cap is chosen on all of them."""
         zeros, context = genome_key(self.zeros), self.evaluator.context
         baseline = self.store.answers_for(zeros, context)
+        if missing := [ex for ex in (*self.pool, *self.heldout) if example_key(ex) not in baseline]:
+            evaluate_with_bar(self.evaluator, [self.zeros], missing, "unsteered baseline")
+            baseline = self.store.answers_for(zeros, context)
         cap = cap_for([a.tokens for ex in self.pool if (a := baseline.get(example_key(ex)))], target)
         long = [(ex, a) for ex in (*self.pool, *self.heldout)
                 if (a := baseline.get(example_key(ex))) is not None and a.tokens > cap]
@@ -239,7 +262,10 @@ def tools(record: Record, zeros: str) -> list[Tool]:
     found = [Tool(f"EOS bias alone ({delta:+g})", f"an EOS bias of {delta:+g}", Arm(record.eos_genome)),
              Tool(f"a cap at {_tokens(record.cap)}", f"a cap at {_tokens(record.cap)} (max_tokens)",
                   Arm(zeros, cap=record.cap))]
-    if record.instruction:
+    if record.in_search:
+        found.append(Tool("the model as it is (no instruction)", "the model as it is (no instruction, no deltas)",
+                          Arm(zeros, without=record.instruction)))
+    elif record.instruction:
         found.append(Tool("the instruction", f"the instruction {json.dumps(record.instruction)}",
                           Arm(zeros, instruction=record.instruction)))
     return found
@@ -278,7 +304,8 @@ def simpler_line(claims: Claims, record: Record, zeros: str, best: str) -> str |
         mine = row.heldout if split == HELDOUT else row.training
         parts.append(f"{row.tool.name}: {_at(mine) if mine is not None else 'not measured'}")
     where = "held out" if split == HELDOUT else "on the training pool"
-    return (f"simpler tools {where} ({evolved.questions} questions): " + "; ".join(parts)
+    carried = ", every prompt of the run with the instruction" if record.in_search else ""
+    return (f"simpler tools {where} ({evolved.questions} questions){carried}: " + "; ".join(parts)
             + f". {verdict(rows, claims.level)}")
 
 

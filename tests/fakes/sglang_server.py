@@ -11,7 +11,8 @@ test_sglang_contract.py checks those parts against SGLang's own code):
   -> {"text", "output_ids", "meta_info"}). `sampling_params` passes SGLang's contract
   gate (an unknown field or a wrongly typed one is a 400 naming it), is merged over
   --preferred-sampling-params, and is honoured where the toy model can: max_new_tokens,
-  min_new_tokens, ignore_eos, temperature and top_k (temperature 0 is greedy).
+  min_new_tokens, ignore_eos, stop_token_ids, temperature and top_k (temperature 0 is
+  greedy); the matched stop token is trimmed from the text, as SGLang's detokenizer does.
 - POST /v1/completions (SGLang's CompletionRequest: "prompt" as text or token ids,
   max_tokens, min_tokens, the other sampling fields by their own names, unknown fields
   ignored; custom_logit_processor and custom_params at the top level) becomes the same
@@ -292,6 +293,7 @@ class Running:
     max_new_tokens: int
     min_new_tokens: int
     ignore_eos: bool
+    stop_ids: frozenset[int]  # besides the model's eos
     temperature: float
     top_k: int
     processor: str | None
@@ -353,7 +355,7 @@ class Scheduler:
         for i, r in enumerate(rows):
             token = self._sample(model, logits[i], r)
             r.output.append(token)
-            if token == model.eos and not r.ignore_eos and len(r.output) > r.min_new_tokens:
+            if (token == model.eos or token in r.stop_ids) and not r.ignore_eos and len(r.output) > r.min_new_tokens:
                 r.finish = {"type": "stop", "matched": token}
             elif len(r.output) >= r.max_new_tokens:
                 r.finish = {"type": "length", "length": r.max_new_tokens}
@@ -640,7 +642,7 @@ class FakeServer:
             # The toy model's logits follow the prompt's ids, however they were sent.
             rid=rid, key=" ".join(map(str, ids)),
             max_new_tokens=max_new, min_new_tokens=merged.get("min_new_tokens") or 0,
-            ignore_eos=bool(merged.get("ignore_eos")),
+            ignore_eos=bool(merged.get("ignore_eos")), stop_ids=frozenset(merged.get("stop_token_ids") or ()),
             temperature=1.0 if temperature is None else float(temperature),
             top_k=TOP_K_ALL if top_k in (None, -1) else int(top_k),
             processor=spec, params=params, generator=generator)
@@ -648,8 +650,10 @@ class FakeServer:
             self.scheduler.submit(request)
         else:
             request.finish = {"type": "length", "length": 0}
+        matched = isinstance((request.finish or {}).get("matched"), int)
+        kept = request.output[:-1] if matched else request.output  # SGLang trims the stop token
         return 200, {
-            "text": model.decode([t for t in request.output if t != model.eos]),
+            "text": model.decode([t for t in kept if t != model.eos]),
             "output_ids": request.output, "prompt_token_ids": list(ids),
             "meta_info": {"id": rid, "prompt_tokens": len(ids), "completion_tokens": len(request.output),
                           "finish_reason": request.finish},

@@ -1,0 +1,226 @@
+"""CONFIG_MODEL_PATH as transformers loads it: a model directory or hub id as it is, or one
+GGUF file, whose tokenizer, config and weights all come from that file.
+
+A GGUF is recognised as SGLang 0.5.23 recognises one (a file named `*.gguf`, or any file
+that starts with the GGUF magic), so that a run and a server given the same path read the
+same model: transformers gets the file's folder and `gguf_file=<its name>`, and
+dequantises the weights to floats as it loads them.
+
+Before transformers reads a GGUF its header is read with the `gguf` package: a file
+holding tensors of a type the package cannot dequantise (transformers' GGUF loader
+dequantises every tensor with it) is refused there; anything transformers itself then
+refuses (an architecture it has no GGUF mapping for) is refused in the same one line,
+which names the file's architecture and quantisation.
+
+Reading a GGUF costs seconds whatever the model's size (its metadata arrays are parsed
+whole: 2.7 s of CPU for SmolLM2-135M's 49k-token vocabulary, and transformers' conversion
+of that tokenizer 4 s more), so a process reads each file's header and tokenizer once:
+both are kept, keyed by the file's path, size and modification time.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from compressor_2.common import ConfigError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+T = TypeVar("T")
+
+GGUF_MAGIC = b"GGUF"
+# The header's end-of-generation ids, which llama.cpp stops at: end of text, of a turn, of a message.
+_END_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+
+
+@dataclass(frozen=True)
+class GgufHeader:
+    architecture: str  # general.architecture: llama, qwen2, ...
+    quantisation: str  # the file type (Q4_1, Q4_K_M, F16), else its weights' commonest tensor type
+    undequantisable: tuple[str, ...]  # tensor types the gguf package cannot turn back into floats
+    end_ids: tuple[int, ...]  # eos, and eot / eom where the header names them
+
+
+def gguf_file(model_path: str | Path) -> Path | None:
+    """The GGUF file `model_path` names; None for a directory or a hub id."""
+    path = Path(model_path)
+    if not path.is_file():
+        return None
+    if path.suffix == ".gguf":
+        return path
+    try:
+        with path.open("rb") as handle:
+            return path if handle.read(len(GGUF_MAGIC)) == GGUF_MAGIC else None
+    except OSError:
+        return None
+
+
+def gguf_header(model_path: str) -> GgufHeader:
+    """What the GGUF `model_path` says of itself (read once per process); ConfigError when
+    the `gguf` package cannot read it."""
+    path = gguf_file(model_path)
+    if path is None:
+        raise ValueError(f"{model_path!r} is not a GGUF file")
+    found = path.stat()
+    try:
+        return _read_header(str(path.resolve()), found.st_size, found.st_mtime_ns)
+    except ImportError:
+        raise ConfigError(f"CONFIG_MODEL_PATH={model_path!r} is a GGUF file, which needs the gguf package: "
+                          "pip install 'gguf>=0.10' (make install does)") from None
+    except (OSError, ValueError, KeyError, IndexError) as exc:
+        raise ConfigError(f"CONFIG_MODEL_PATH={model_path!r}: the gguf package cannot read it as a GGUF file "
+                          f"({_first_line(exc)})") from None
+
+
+@functools.lru_cache(maxsize=4)
+def _read_header(path: str, size: int, mtime_ns: int) -> GgufHeader:
+    """`size` and `mtime_ns` only key the cache: a file changed in place is read again. gguf's
+    reader parses every metadata array whole (the tokens, the merges): the cost is paid here once."""
+    del size, mtime_ns
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+
+    def scalar(key: str) -> Any:
+        field = reader.fields.get(key)
+        if field is None:
+            return None
+        value = field.parts[field.data[0]]
+        return bytes(value).decode("utf-8") if field.types[0] == gguf.GGUFValueType.STRING else value[0]
+
+    architecture = scalar("general.architecture")
+    if architecture is None:
+        raise KeyError("it has no general.architecture")
+    weight_types = Counter(t.tensor_type for t in reader.tensors if len(t.shape) > 1)
+    present = {t.tensor_type for t in reader.tensors}
+    return GgufHeader(
+        architecture=architecture,
+        quantisation=_file_type(scalar("general.file_type"), weight_types),
+        undequantisable=tuple(sorted(t.name for t in present if not _dequantisable(t))),
+        end_ids=tuple(dict.fromkeys(int(i) for key in _END_KEYS if (i := scalar(key)) is not None)),
+    )
+
+
+def _file_type(value: Any, weight_types: Counter[Any]) -> str:
+    """`general.file_type` by llama.cpp's name without its MOSTLY_/ALL_ prefix (Q4_K_M), else
+    (absent, GUESSED or a number this gguf does not know) the commonest 2-D tensor type."""
+    import gguf
+
+    try:
+        name = gguf.LlamaFileType(int(value)).name if value is not None else "GUESSED"
+    except ValueError:
+        name = "GUESSED"
+    if name != "GUESSED":
+        return name.removeprefix("MOSTLY_").removeprefix("ALL_")
+    return weight_types.most_common(1)[0][0].name if weight_types else "unknown"
+
+
+def _dequantisable(qtype: Any) -> bool:
+    """Whether `gguf.dequantize`, which transformers' GGUF loader calls on every tensor,
+    handles `qtype`: asked of one block of zeros."""
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES, dequantize
+
+    _, type_size = GGML_QUANT_SIZES[qtype]
+    try:
+        dequantize(np.zeros(type_size, dtype=np.uint8), qtype)
+    except NotImplementedError:
+        return False
+    return True
+
+
+def pretrained_args(model_path: str) -> tuple[str, dict[str, str]]:
+    """`from_pretrained`'s first argument and extra keyword arguments for `model_path`: itself,
+    or a GGUF's folder and `gguf_file`, once the GGUF's header has been checked."""
+    path = gguf_file(model_path)
+    if path is None:
+        return model_path, {}
+    header = gguf_header(model_path)
+    if header.undequantisable:
+        kinds = ", ".join(header.undequantisable)
+        raise _gguf_refusal(model_path, f"the gguf package {version('gguf')} cannot dequantise its {kinds} tensors")
+    return str(path.parent), {"gguf_file": path.name}
+
+
+def _gguf_refusal(model_path: str, why: str) -> ConfigError:
+    header = gguf_header(model_path)
+    return ConfigError(f"CONFIG_MODEL_PATH={model_path!r}: transformers {version('transformers')} cannot load "
+                       f"this GGUF (architecture {header.architecture!r}, quantisation {header.quantisation}): {why}")
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def _load(model_path: str, what: str, loader: Callable[..., T], **kwargs: Any) -> T:
+    """`loader(*pretrained_args(model_path), **kwargs)`; ConfigError in one line when it fails."""
+    name, extra = pretrained_args(model_path)
+    try:
+        return loader(name, **extra, **kwargs)
+    except (OSError, ValueError, TypeError, KeyError, NotImplementedError) as exc:
+        if extra:
+            raise _gguf_refusal(model_path, _first_line(exc)) from None
+        raise ConfigError(f"CONFIG_MODEL_PATH={model_path!r}: cannot load {what} from it ({_first_line(exc)})") from None
+
+
+def load_tokenizer(model_path: str) -> Any:
+    """`model_path`'s tokenizer, a copy of its own to each caller (they set padding, and a
+    fast tokenizer is not to be shared between threads); a GGUF's is converted once."""
+    path = gguf_file(model_path)
+    if path is None:
+        return _load(model_path, "a tokenizer", _auto_tokenizer)
+    found = path.stat()
+    tokenizer = _gguf_tokenizer(model_path, str(path.resolve()), found.st_size, found.st_mtime_ns)
+    return copy.deepcopy(tokenizer)
+
+
+@functools.lru_cache(maxsize=2)
+def _gguf_tokenizer(model_path: str, resolved: str, size: int, mtime_ns: int) -> Any:
+    del resolved, size, mtime_ns  # the key: the same file unchanged
+    return _load(model_path, "a tokenizer", _auto_tokenizer)
+
+
+def _auto_tokenizer(name: str, **kwargs: Any) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(name, **kwargs)
+
+
+def generation_eos(model_path: str) -> Any:
+    """The ids `generate()` ends at besides the tokenizer's eos (an int, a list or None): a
+    GGUF's header end ids; else the generation config's, else the model config's."""
+    if gguf_file(model_path) is not None:
+        return list(gguf_header(model_path).end_ids)
+    from transformers import AutoConfig, GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(model_path).eos_token_id
+    except (OSError, ValueError):
+        pass
+    try:
+        return getattr(AutoConfig.from_pretrained(model_path), "eos_token_id", None)
+    except (OSError, ValueError):
+        # A bare tokenizer directory has no model config: its eos token is all there is.
+        return None
+
+
+def load_causal_lm(model_path: str, gpu: bool) -> PreTrainedModel:
+    """The model, its weights loaded (a GGUF's dequantised) once: in float32 on a CPU, its fast
+    path; on a GPU in the checkpoint's own precision, and a GGUF, which has none, in float16,
+    the precision SGLang serves one in."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtype: Any = torch.float32
+    if gpu:
+        dtype = torch.float16 if gguf_file(model_path) is not None else "auto"
+    return _load(model_path, "the model", AutoModelForCausalLM.from_pretrained, dtype=dtype)
