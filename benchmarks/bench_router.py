@@ -48,7 +48,7 @@ from transformers import AutoTokenizer  # noqa: E402
 
 from compressor_2.engines import GenerationRequest  # noqa: E402
 from compressor_2.engines.chat import chat_prompt  # noqa: E402
-from compressor_2.engines.sglang_engine import SGLangEngine  # noqa: E402
+from compressor_2.engines.sglang.engine import SGLangEngine  # noqa: E402
 from tests.sglang_helpers import fake_stats, probe_clusters  # noqa: E402
 from tests.sglang_router import ROUTER_VERSION, RouterUnavailable, fake_workers, router, router_python  # noqa: E402
 

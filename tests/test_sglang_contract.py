@@ -31,12 +31,12 @@ from transformers import AutoTokenizer
 from compressor_2.clusters.clusterset import FINGERPRINT_FILE, ClusterSet
 from compressor_2.engines.base import GenerationRequest
 from compressor_2.engines.chat import chat_prompt
-from compressor_2.engines.sglang_engine import SGLangEngine
-from compressor_2.engines.sglang_facts import STATED_SAMPLING, UNSTATED_SAMPLING, unstated_sampling
+from compressor_2.engines.sglang.engine import SGLangEngine
+from compressor_2.engines.sglang.facts import STATED_SAMPLING, UNSTATED_SAMPLING, unstated_sampling
 from compressor_2.clusters.layout import UNSTEERED
 from compressor_2.config import sglang as sglang_config
-from compressor_2.engines import sglang_facts
-from compressor_2.engines.sglang_server import KNOWN_FAILURES
+from compressor_2.engines.sglang import facts as sglang_facts
+from compressor_2.engines.sglang.server import KNOWN_FAILURES
 from compressor_2.steering.generate import render_processor
 from compressor_2.steering.guarded import guarded_spec
 from compressor_2.steering.processor import SteeringProcessor, encode_cluster_map, processor_spec

@@ -22,8 +22,8 @@ from compressor_2.common.errors import ConfigError, RunError
 from compressor_2.config import Config
 from compressor_2.engines.base import Generation, GenerationRequest
 from compressor_2.engines.chat import chat_prompt, encode_prompt
-from compressor_2.engines.sglang_engine import PROBE_PROMPT, PROBE_TOKENS, SGLangEngine
-from compressor_2.engines.sglang_server import SGLangServer
+from compressor_2.engines.sglang.engine import PROBE_PROMPT, PROBE_TOKENS, SGLangEngine
+from compressor_2.engines.sglang.server import SGLangServer
 from tests.sglang_helpers import (
     ATTACHABLE,
     chat_model,

@@ -17,8 +17,8 @@ import pytest
 from compressor_2.common.errors import ConfigError, RunError
 from compressor_2.config.sglang import launch_command
 from compressor_2.engines.base import GenerationRequest
-from compressor_2.engines.sglang_engine import TIMEOUT_RETRIES, SGLangEngine
-from compressor_2.engines.sglang_server import SGLangServer
+from compressor_2.engines.sglang.engine import TIMEOUT_RETRIES, SGLangEngine
+from compressor_2.engines.sglang.server import SGLangServer
 from compressor_2.steering.guarded import guarded_spec
 from compressor_2.steering.processor import processor_spec
 from tests.sglang_helpers import ATTACHABLE, fake_server, logged_requests, probe_clusters, sglang_config

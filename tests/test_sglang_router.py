@@ -21,7 +21,7 @@ import pytest
 from compressor_2.commands.evaluate import run_evaluate
 from compressor_2.commands.evolve import evolve
 from compressor_2.common.errors import RunError
-from compressor_2.engines.sglang_engine import PROBE_TOKENS, SGLangEngine
+from compressor_2.engines.sglang.engine import PROBE_TOKENS, SGLangEngine
 from compressor_2.steering.guarded import guarded_spec
 from compressor_2.steering.processor import processor_spec
 from tests.sglang_helpers import ATTACHABLE, fake_server, logged_requests, probe_clusters, sglang_config

@@ -16,7 +16,7 @@ import pytest
 from compressor_2.common.endpoint import is_loopback
 from compressor_2.common.errors import ConfigError, RunError
 from compressor_2.config.sglang import launch_command
-from compressor_2.engines.sglang_server import LOG_NAME, SGLangServer
+from compressor_2.engines.sglang.server import LOG_NAME, SGLangServer
 from tests.sglang_helpers import REPO, fake_stats, logged_pids, process_gone, sglang_config
 
 
@@ -141,7 +141,7 @@ def test_launch_command_refuses_a_port_that_contradicts_the_config(config_for):
 
 def test_server_binds_loopback_logs_its_start_and_stops_on_exit(config_for, caplog):
     config = config_for()
-    caplog.set_level(logging.INFO, logger="compressor_2.engines.sglang_server")
+    caplog.set_level(logging.INFO, logger="compressor_2.engines.sglang.server")
     with SGLangServer(config) as server:
         pid = server.pid
         assert fake_stats(server.url)["host"] == "127.0.0.1"
@@ -154,7 +154,7 @@ def test_server_binds_loopback_logs_its_start_and_stops_on_exit(config_for, capl
 
 
 def test_restart_starts_a_new_process_and_counts_it(config_for, caplog):
-    caplog.set_level(logging.INFO, logger="compressor_2.engines.sglang_server")
+    caplog.set_level(logging.INFO, logger="compressor_2.engines.sglang.server")
     server = SGLangServer(config_for("--fake-start-delay", "0.2"))
     try:
         server.start()
@@ -172,7 +172,7 @@ def test_restart_starts_a_new_process_and_counts_it(config_for, caplog):
 
 
 def test_readiness_timeout_stops_the_server_and_says_so(config_for, caplog):
-    caplog.set_level(logging.INFO, logger="compressor_2.engines.sglang_server")
+    caplog.set_level(logging.INFO, logger="compressor_2.engines.sglang.server")
     config = config_for("--fake-never-ready", sglang_startup_timeout=1.5)
     server = SGLangServer(config)
     with pytest.raises(RunError, match=r"not ready after 1.5 s \(CONFIG_SGLANG_STARTUP_TIMEOUT\)"):
@@ -220,7 +220,7 @@ def test_stop_kills_the_whole_group_when_sigterm_is_ignored(config_for, caplog):
     server.start()
     [child] = logged_pids(server.log_path, "child")
     pid = server.pid
-    with caplog.at_level(logging.WARNING, logger="compressor_2.engines.sglang_server"):
+    with caplog.at_level(logging.WARNING, logger="compressor_2.engines.sglang.server"):
         server.stop()
     assert "ignored SIGTERM" in caplog.text
     assert process_gone(pid) and process_gone(child)
@@ -230,7 +230,7 @@ CHILD = """
 import signal, sys, time
 signal.signal(signal.SIGINT, signal.default_int_handler)  # background jobs start with SIGINT ignored
 from pathlib import Path
-from compressor_2.engines.sglang_server import SGLangServer
+from compressor_2.engines.sglang.server import SGLangServer
 from tests.sglang_helpers import sglang_config
 server = SGLangServer(sglang_config(Path(sys.argv[1]), Path(sys.argv[1]) / "no_model"))
 server.start()  # no context manager, no stop(): only the atexit hook can clean up

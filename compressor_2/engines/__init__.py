@@ -2,7 +2,7 @@
 
 from compressor_2.engines.base import Engine, GenerationRequest, Progress
 from compressor_2.engines.registry import LazyEngine, make_engine
-from compressor_2.engines.sglang_model import served_models
-from compressor_2.engines.sglang_server import LOG_NAME
+from compressor_2.engines.sglang.model import served_models
+from compressor_2.engines.sglang.server import LOG_NAME
 
 __all__ = ["LOG_NAME", "Engine", "GenerationRequest", "LazyEngine", "Progress", "make_engine", "served_models"]

@@ -26,7 +26,7 @@ def _transformers(config: Config, clusters: ClusterSet, prompts: Mapping[str, st
 
 
 def _sglang(config: Config, clusters: ClusterSet, prompts: Mapping[str, str]) -> Engine:
-    from compressor_2.engines.sglang_engine import SGLangEngine
+    from compressor_2.engines.sglang.engine import SGLangEngine
 
     return SGLangEngine.from_config(config, clusters, prompts=prompts)
 

@@ -26,7 +26,7 @@ from compressor_2.engines.chat import ChatPrompt
 # SGLang's CompletionRequest names of the /generate sampling fields it renames.
 _COMPLETION_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "sampling_seed": "seed"}
 # /generate sampling fields that CompletionRequest does not have (a request cannot state
-# them there, so the server's preferred value applies: sglang_facts guards them).
+# them there, so the server's preferred value applies: facts.py guards them).
 NOT_ON_COMPLETIONS = frozenset({"spaces_between_special_tokens"})
 # SGLang's default model name: no adapter is chosen by it, and the router requires the field.
 COMPLETION_MODEL = "default"

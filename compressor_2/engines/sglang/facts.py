@@ -24,7 +24,7 @@ import httpx
 
 from compressor_2.common import ConfigError, RunError
 from compressor_2.config import SGLangSettings, check_model
-from compressor_2.engines.sglang_api import NOT_ON_COMPLETIONS
+from compressor_2.engines.sglang.api import NOT_ON_COMPLETIONS
 
 logger = logging.getLogger(__name__)
 

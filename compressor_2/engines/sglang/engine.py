@@ -8,10 +8,10 @@ for the run and restarts it only when it crashed, resending what was unfinished;
 attach mode it sends to already running servers or routers, spreading requests over
 the URLs it was given.
 
-Before any work, every server is checked (`sglang_facts`: no speculative decoding, the
+Before any work, every server is checked (`facts`: no speculative decoding, the
 right model, deterministic as CONFIG_SGLANG_DETERMINISTIC says; behind a router, every
 worker it lists), every prompt of the run is tokenized and checked against the served
-context, and a steering probe (`sglang_probe`), sent to every server, every worker and
+context, and a steering probe (`probe`), sent to every server, every worker and
 every router, must find every token of an answer steered. A server or worker gets the run's by-reference
 processor string only after a probe with a string no server can die of
 (`steering.guarded`) found that it imports compressor_2.
@@ -33,8 +33,8 @@ from compressor_2.common import ConfigError, RunError
 from compressor_2.config import check_addresses, check_loopback
 from compressor_2.engines.base import Generation, GenerationRequest, Progress
 from compressor_2.engines.chat import ChatPrompt, chat_prompt, prompt_label
-from compressor_2.engines.sglang_api import APIS, Api, Reply
-from compressor_2.engines.sglang_facts import (
+from compressor_2.engines.sglang.api import APIS, Api, Reply
+from compressor_2.engines.sglang.facts import (
     STATED_SAMPLING,
     Router,
     ServerFacts,
@@ -45,7 +45,7 @@ from compressor_2.engines.sglang_facts import (
     read_server,
     worker_facts,
 )
-from compressor_2.engines.sglang_probe import (
+from compressor_2.engines.sglang.probe import (
     PROBE_DELTA,
     PROBE_PROMPT,
     PROBE_TOKENS,
@@ -54,7 +54,7 @@ from compressor_2.engines.sglang_probe import (
     ignored,
     probe_cluster,
 )
-from compressor_2.engines.sglang_server import SGLangServer
+from compressor_2.engines.sglang.server import SGLangServer
 from compressor_2.pretrained import load_tokenizer
 from compressor_2.steering.guarded import guarded_spec
 from compressor_2.steering.processor import custom_params, encode_cluster_map, processor_spec
@@ -259,7 +259,7 @@ class SGLangEngine:
         the logits unchanged (the processor never raises), which would make a whole
         evolution measure nothing; one running speculative decoding steers only an
         answer's first token; a router may drop the deltas on their way. Every server and
-        every worker behind a router is probed directly (`sglang_probe`), first with
+        every worker behind a router is probed directly (`probe`), first with
         `guarded_spec()` and the map inside the request (it steers only where compressor_2
         imports, and kills no server), then with the run's own string and map path; then
         every router.

@@ -16,7 +16,7 @@ from compressor_2.common import RunError
 
 if TYPE_CHECKING:
     from compressor_2.clusters.clusterset import ClusterSet
-    from compressor_2.engines.sglang_server import SGLangServer
+    from compressor_2.engines.sglang.server import SGLangServer
 
 PROBE_PROMPT = "Hello"
 PROBE_DELTA = 1000.0  # far beyond any logit gap: every token's cluster is forced
