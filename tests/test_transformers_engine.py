@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, MistralConfig, Mis
 
 from compressor_2.common.errors import ConfigError
 from compressor_2.engines.base import GenerationRequest
+from compressor_2.engines.decode import MIN_ROWS
 from compressor_2.engines.prompt_cache import CACHE_ARG, PromptCache, kv_bytes
 from compressor_2.engines.transformers_engine import TransformersEngine
 from compressor_2.steering.hf_processor import DeltaBiasProcessor
@@ -164,24 +165,49 @@ def test_bad_inputs_fail_clearly(tiny_model_dir, token_clusters, tmp_path):
     engine.close()
 
 
+# Rows ending at their first token (EOS raised), at the cap (EOS lowered) and between.
+VECTORS = [(0.0, 0.0, 0.0), (30.0, 0.0, 0.0), (1.5, 0.0, 0.0), (0.0, 3.0, -3.0), (-30.0, 0.0, 1.5)]
+
+
 def test_cached_prompts_give_the_tokens_of_a_from_scratch_call(eos_prone_model_dir, token_clusters):
     """A mixed batch (prompts of different lengths, one of a single token, each asked by
-    several delta vectors) answered from the prompt cache, cold and then warm, gives the
-    tokens of `generate` run from scratch on the same padded batches."""
-    vectors = [(0.0, 0.0, 0.0), (1.5, 0.0, 0.0), (0.0, 3.0, -3.0), (-30.0, 0.0, 1.5)]
+    several delta vectors, rows ending from the first token to the cap) decoded from the
+    prompt cache, cold and then warm, dropping rows as they end, gives the tokens of
+    `generate` run from scratch on the same padded batches."""
     prompts = [*PROMPTS, "0"]
-    mixed = [GenerationRequest(p, v) for v in vectors for p in prompts]
-    cached = make_engine(eos_prone_model_dir, token_clusters, batch_size=10)
-    scratch = make_engine(eos_prone_model_dir, token_clusters, batch_size=10)
-    scratch.prompts = None  # the path of a model whose cache cannot be padded: prefill every row
-    assert len(cached.encode("0")) == 1
-
-    expected = scratch.generate(mixed)
-    assert cached.generate(mixed) == expected
-    assert cached.prompts.prefills == len(PROMPTS)  # the one-token prompt has nothing to prefill
-    assert cached.generate(list(reversed(mixed))) == list(reversed(expected))
-    assert cached.prompts.prefills == len(PROMPTS)
+    mixed = [GenerationRequest(p, v) for v in VECTORS for p in prompts]
+    for batch_size in (len(mixed), 10):  # rows dropped down to MIN_ROWS; fewer rows than it
+        cached = make_engine(eos_prone_model_dir, token_clusters, batch_size=batch_size)
+        scratch = make_engine(eos_prone_model_dir, token_clusters, batch_size=batch_size)
+        scratch.prompts = None  # the path of a model whose cache cannot be padded: `generate`
+        expected = scratch.generate(mixed)
+        assert cached.generate(mixed) == expected
+        assert cached.prompts.prefills == len(PROMPTS)  # the one-token prompt has nothing to prefill
+        assert cached.generate(list(reversed(mixed))) == list(reversed(expected))
+        assert cached.prompts.prefills == len(PROMPTS)
+    lengths = {g.completion_tokens for g in expected}
+    assert {1, MAX_NEW} <= lengths and len(lengths) > 4, "rows must end at different steps"
     assert len(set(expected)) > len(prompts), "the vectors must steer the answers apart"
+
+
+def test_a_step_runs_only_the_rows_still_answering(eos_prone_model_dir, token_clusters):
+    """Each step's forward holds the rows whose answers go on, and never fewer than
+    MIN_ROWS (the rows of a smaller batch stay to its end), so a row that ended costs
+    nothing after it unless it keeps the step at MIN_ROWS."""
+    mixed = [GenerationRequest(p, v) for v in VECTORS for p in [*PROMPTS, "0"]]
+    engine = make_engine(eos_prone_model_dir, token_clusters, batch_size=len(mixed))
+    small = mixed[-8:]
+    engine.generate(mixed)  # every prompt cached: the forwards below are decoding steps only
+    rows: list[int] = []
+    hook = engine.model.register_forward_pre_hook(
+        lambda _, args, kwargs: rows.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
+    for batch in (mixed, small):
+        rows.clear()
+        lengths = [g.completion_tokens for g in engine.generate(batch)]
+        floor = min(MIN_ROWS, len(batch))
+        assert rows == [max(floor, sum(n > step for n in lengths)) for step in range(max(lengths))]
+    hook.remove()
+    assert len(mixed) > MIN_ROWS and rows == [len(small)] * max(lengths)
 
 
 def test_the_prompt_cache_stays_within_its_bound_and_evicts_the_least_recently_used(
@@ -222,12 +248,14 @@ def test_a_row_past_its_room_grows_the_cache_as_dynamic_layers_do(tiny_model_dir
 
 
 def test_sampling_draws_each_row_of_a_shared_prompt_independently(tiny_model_dir, token_clusters):
-    engine = TransformersEngine(str(tiny_model_dir), token_clusters, 3, batch_size=8,
+    engine = TransformersEngine(str(tiny_model_dir), token_clusters, 3, batch_size=24,
                                 max_new_tokens=MAX_NEW, temperature=1.0, device="cpu")
     torch.manual_seed(0)
-    answers = engine.generate(requests((0.0, 0.0, 0.0), ["Revenue was"] * 8))
+    boosted = (1.5, 0.0, 0.0)  # some rows end early, so the others are drawn in a shrinking batch
+    answers = engine.generate(requests((0.0, 0.0, 0.0), ["Revenue was"] * 12) + requests(boosted, ["Revenue was"] * 12))
     assert engine.prompts.prefills == 1
-    assert len({a.text for a in answers}) == 8
+    assert len({a.text for a in answers}) == 24
+    assert len({a.completion_tokens for a in answers}) > 2
 
 
 def test_a_model_whose_cache_cannot_be_padded_prefills_every_row(tiny_model_dir, token_clusters, tmp_path):

@@ -5,14 +5,14 @@ A search asks the same training prompts again and again, one row per genome, so 
 engine prefills a prompt once (alone, so its keys and values do not depend on the batch
 it first came in) and keeps the result, keyed by the token ids it holds. A batch's cache
 is then its prompts' caches left-padded to the longest and expanded to one row per
-request; `generate` is given it with the full left-padded prompt and attention mask, so
-it runs only the last prompt token in its first step, with the position ids and mask of a
-from-scratch call.
+request, with room for the new tokens; the decode loop (`decode.py`) runs the last
+prompt tokens in its first step, with the position ids and mask of a from-scratch call,
+and moves rows within it as answers end.
 
-transformers gives the cache classes (`DynamicCache`, its `batch_select_indices` for the
-expansion) and `generate`'s support for a precomputed cache. What it lacks is written
-here: an LRU of prompt caches under a memory bound, and stacking caches of different
-lengths into one left-padded batch.
+transformers gives the cache classes (`DynamicCache`, `DynamicLayer`). What it lacks is
+written here: an LRU of prompt caches under a memory bound, stacking caches of different
+lengths into one left-padded batch, a layer that writes each new token into room
+allocated up front, and moving rows within it without copying the rest.
 """
 
 from __future__ import annotations
@@ -31,6 +31,14 @@ from transformers.cache_utils import DynamicLayer
 # the new one is unknown before 5.24.
 CACHE_ARG = "cache" if "cache" in inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters \
     else "past_key_values"
+
+
+def last_logits_only(model: PreTrainedModel) -> dict[str, int]:
+    """The forward's argument that computes the logits of the last position alone (as
+    `generate` passes it), where the model takes it: a prompt's logits for all its
+    positions cost a fifth of SmolLM2-135M's prefill, and none of them is read."""
+    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+
 
 # One prompt's cache: per layer, keys and values of shape (1, kv heads, tokens, head dim).
 PromptKV = tuple[tuple[torch.Tensor, torch.Tensor], ...]
@@ -84,7 +92,7 @@ class PromptCache:
             return ()
         self.prefills += 1
         ids = torch.tensor([prefix], device=self.model.device)
-        cache = self.model(input_ids=ids, use_cache=True)[CACHE_ARG]
+        cache = self.model(input_ids=ids, use_cache=True, **last_logits_only(self.model))[CACHE_ARG]
         if not all(type(layer) is DynamicLayer for layer in cache.layers):
             raise UnsupportedCache(f"{type(self.model).__name__} keeps a cache this engine cannot pad "
                                    f"({sorted({type(layer).__name__ for layer in cache.layers})})")
@@ -144,6 +152,18 @@ class RoomyLayer(DynamicLayer):
         self.room[1][..., start:end, :] = value_states
         self.keys, self.values = self.room[0][..., :end, :], self.room[1][..., :end, :]
         return self.keys, self.values
+
+
+def move_rows(cache: DynamicCache, dst: torch.Tensor, src: torch.Tensor, count: int) -> None:
+    """Rows `src` of every layer's keys and values copied to rows `dst` (disjoint), then
+    the first `count` rows kept: views, so only the moved rows are copied."""
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            kept = getattr(layer, name)
+            kept[dst] = kept[src]  # through the view, into a RoomyLayer's room
+            setattr(layer, name, kept[:count])
+        if isinstance(layer, RoomyLayer):
+            layer.room = (layer.room[0][:count], layer.room[1][:count])
 
 
 class UnsupportedCache(Exception):

@@ -2,6 +2,8 @@
 
 Requests are sorted by prompt length before batching so a batch pads little, and
 each row carries its own deltas, so a whole generation of individuals shares batches.
+A batch decodes from its prompts' cached keys and values (`prompt_cache.py`), each row
+leaving it at its end token (`decode.py`).
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
 from compressor_2.common import ConfigError
 from compressor_2.engines.base import Generation, GenerationRequest, Progress
 from compressor_2.engines.chat import encode_prompt, prompt_label
-from compressor_2.engines.prompt_cache import CACHE_ARG, PromptCache, UnsupportedCache
+from compressor_2.engines.decode import Decoding, decode
+from compressor_2.engines.prompt_cache import PromptCache, UnsupportedCache
 from compressor_2.pretrained import load_causal_lm, load_tokenizer
+from compressor_2.steering.bias import gather_index
 from compressor_2.steering.hf_processor import DeltaBiasProcessor
 
 if TYPE_CHECKING:
@@ -72,7 +76,7 @@ class TransformersEngine:
     (a GGUF file's weights dequantised once, when the engine starts)."""
 
     def __init__(self, model_path: str, token_clusters: np.ndarray, num_clusters: int, *,
-                 batch_size: int = 32, max_new_tokens: int = 256, temperature: float = 0.0,
+                 batch_size: int = 256, max_new_tokens: int = 256, temperature: float = 0.0,
                  device: str = "auto", threads: int = 0, prompt_cache_mb: int = 2048) -> None:
         if threads > 0:
             torch.set_num_threads(threads)
@@ -99,6 +103,8 @@ class TransformersEngine:
             self.tokenizer.pad_token = self.tokenizer.convert_ids_to_tokens(self.eos_ids[0])
         self.context = getattr(self.model.config, "max_position_embeddings", None)
         self.prompts: PromptCache | None = PromptCache(self.model, prompt_cache_mb << 20)
+        self.decoding = Decoding(torch.tensor(self.eos_ids, device=self.device),
+                                 gather_index(self.token_clusters, num_clusters), max_new_tokens, temperature)
 
     @classmethod
     def from_config(cls, config: Config, clusters: ClusterSet) -> TransformersEngine:
@@ -161,34 +167,42 @@ class TransformersEngine:
 
     @torch.inference_mode()
     def _generate_batch(self, encoded: list[list[int]], deltas: list[tuple[float, ...]]) -> list[Generation]:
+        """The batch decoded from its prompts' caches, each row leaving at its end token;
+        through `generate` from scratch for a model whose cache cannot be padded."""
+        # An all-zero batch (the unsteered baseline) needs no bias at all.
+        rows = torch.tensor(deltas, dtype=torch.float32, device=self.device) \
+            if any(any(row) for row in deltas) else None
+        cache = self._prompt_cache(encoded)
+        if cache is None:
+            return [self._finish(row) for row in self._generate_from_scratch(encoded, rows)]
+        table = None if rows is None else torch.nn.functional.pad(rows, (0, 1))  # the unsteered tokens' zero column
+        return [self._finish(row) for row in decode(self.model, cache, encoded, table, self.decoding)]
+
+    def _generate_from_scratch(self, encoded: list[list[int]], rows: torch.Tensor | None) -> list[list[int]]:
         padded = self.tokenizer.pad({"input_ids": encoded}, padding=True, return_tensors="pt").to(self.device)
-        processors = LogitsProcessorList()
-        # An all-zero batch (the unsteered baseline) needs no processor at all.
-        if any(any(row) for row in deltas):
-            rows = torch.tensor(deltas, dtype=torch.float32, device=self.device)
-            processors.append(DeltaBiasProcessor(rows, self.token_clusters))
+        processors = LogitsProcessorList([] if rows is None else [DeltaBiasProcessor(rows, self.token_clusters)])
         sampling = {"do_sample": True, "temperature": self.temperature, "top_p": 1.0, "top_k": 0} \
             if self.temperature > 0 else {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
         with _without_spurious_mask_warning():
             output = self.model.generate(
-                **padded, **self._prompt_caches(encoded), logits_processor=processors,
-                max_new_tokens=self.max_new_tokens, eos_token_id=self.eos_ids, pad_token_id=self.tokenizer.pad_token_id, **sampling,
+                **padded, logits_processor=processors, max_new_tokens=self.max_new_tokens,
+                eos_token_id=self.eos_ids, pad_token_id=self.tokenizer.pad_token_id, **sampling,
             )
-        new_tokens = output[:, padded["input_ids"].shape[1]:].tolist()
-        return [self._finish(row) for row in new_tokens]
+        return output[:, padded["input_ids"].shape[1]:].tolist()
 
-    def _prompt_caches(self, encoded: list[list[int]]) -> dict[str, DynamicCache]:
-        """`generate`'s cache argument holding the batch's prompts but their last tokens;
-        none for a model whose cache cannot be padded (it then prefills every row)."""
+    def _prompt_cache(self, encoded: list[list[int]]) -> DynamicCache | None:
+        """The batch's prompts but their last tokens, from the prompt cache (an empty
+        cache when every prompt is one token); None for a model whose cache cannot be
+        padded (it then prefills every row)."""
         if self.prompts is None:
-            return {}
+            return None
         try:
             cache = self.prompts.batch(encoded, self.max_new_tokens)
         except UnsupportedCache as exc:
             logging.getLogger("compressor_2.engines").info("prompt cache off: %s", exc)
             self.prompts = None
-            return {}
-        return {} if cache is None else {CACHE_ARG: cache}
+            return None
+        return DynamicCache() if cache is None else cache
 
     def _finish(self, tokens: list[int]) -> Generation:
         """Cut at the first EOS; like SGLang's completion_tokens, the EOS itself counts."""
