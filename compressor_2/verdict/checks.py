@@ -39,7 +39,7 @@ from compressor_2.verdict.arms import arms_lines
 from compressor_2.verdict.claims import HELDOUT, TRAINING, Arm, Claims
 from compressor_2.verdict.confidence import Paired, correctness_claim, tokens_claim
 from compressor_2.verdict.front import Point, pareto_front
-from compressor_2.verdict.simpler import TOOLS_META, Record, Simpler, Tools, read_record, simpler_line, tools
+from compressor_2.verdict.simpler import TOOLS_META, Measuring, Record, Simpler, Tools, read_record, simpler_line, tools
 
 BASELINE_ID = 0  # the baseline's Point id when no candidate is the all-zero genome
 
@@ -179,17 +179,13 @@ def heldout_line(g: Gain, claim: Paired, instructed: bool = False) -> str:
             f"{100 * (g.best_heldout.correctness - g.best.correctness):+.1f} points")
 
 
-class Checks:
-    """Measures genomes outside the search, with `evaluator` (whose store must be the
-    archive's `CheckStore`); `simpler`: the simpler tools to measure after the search."""
+class Checks(Measuring):
+    """The baseline, the held-out check and the answers lost; `simpler`: the simpler
+    tools to measure after the search."""
 
     def __init__(self, evaluator: Evaluator, archive: RunArchive, pool: Sequence[Example],
                  heldout: Sequence[Example], n_clusters: int, simpler: Simpler | None = None) -> None:
-        self.evaluator = evaluator
-        self.archive = archive
-        self.pool = tuple(pool)
-        self.heldout = tuple(heldout)
-        self.zeros = [0.0] * n_clusters
+        super().__init__(evaluator, archive, pool, heldout, n_clusters)
         self.simpler = simpler
 
     def restore_lost(self) -> None:
@@ -222,7 +218,7 @@ class Checks:
         if self.simpler is None or best is None or best.mean_tokens is None:
             return self.heldout_check()
         self.measure_baseline()
-        tools = Tools(self.evaluator, self.archive, self.pool, self.heldout, len(self.zeros), self.simpler)
+        tools = Tools(self, self.simpler)
         checked = self.heldout_check([tools.search_eos()])
         tools.finish(best.mean_tokens, list(best.deltas.values()))
         return checked

@@ -169,18 +169,26 @@ def other_side_examples(config: Config, examples: Sequence[Example]) -> tuple[Ex
     return (uninstructed if config.instruction_in_search else instructed)(examples, config.compare_instruction)
 
 
-class Tools:
-    """Measures the simpler tools with `evaluator` (whose store is the archive's `CheckStore`)."""
+class Measuring:
+    """Measures genomes outside the search with `evaluator` (whose store must be the
+    archive's `CheckStore`), on the pool and the held-out questions."""
 
     def __init__(self, evaluator: Evaluator, archive: RunArchive, pool: Sequence[Example],
-                 heldout: Sequence[Example], n_clusters: int, options: Simpler) -> None:
+                 heldout: Sequence[Example], n_clusters: int) -> None:
         self.evaluator = evaluator
         self.archive = archive
         self.pool = tuple(pool)
         self.heldout = tuple(heldout)
         self.zeros = [0.0] * n_clusters
+
+
+class Tools(Measuring):
+    """Measures the simpler tools with what measures the checks."""
+
+    def __init__(self, checks: Measuring, options: Simpler) -> None:
+        super().__init__(checks.evaluator, checks.archive, checks.pool, checks.heldout, len(checks.zeros))
         self.options = options
-        self.store = CheckStore(archive)
+        self.store = CheckStore(self.archive)
         self.tried: list[Tried] = []
 
     def genome(self, eos_delta: float) -> list[float]:
