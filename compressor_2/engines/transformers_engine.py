@@ -83,8 +83,6 @@ class TransformersEngine:
         self.model_path = model_path
         self.num_clusters = num_clusters
         self.batch_size = batch_size
-        self.max_new_tokens = max_new_tokens
-        self.temperature = temperature
         self.device = resolve_device(device)
         self.tokenizer = load_tokenizer(model_path)
         # Counted as build-clusters counts it (a vocabulary may have holes in its ids).
@@ -105,6 +103,14 @@ class TransformersEngine:
         self.prompts: PromptCache | None = PromptCache(self.model, prompt_cache_mb << 20)
         self.decoding = Decoding(torch.tensor(self.eos_ids, device=self.device),
                                  gather_index(self.token_clusters, num_clusters), max_new_tokens, temperature)
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.decoding.max_new_tokens
+
+    @property
+    def temperature(self) -> float:
+        return self.decoding.temperature
 
     @classmethod
     def from_config(cls, config: Config, clusters: ClusterSet) -> TransformersEngine:
