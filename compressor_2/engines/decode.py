@@ -32,6 +32,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from compressor_2.engines.prompt_cache import CACHE_ARG, last_logits_only, move_rows
 from compressor_2.steering.bias import add_bias
+from compressor_2.steering.phases import PhaseTables
 
 MIN_ROWS = 16
 
@@ -44,12 +45,14 @@ class Decoding:
     bias_index: torch.Tensor  # `gather_index` of the cluster map, on the model's device
     max_new_tokens: int
     temperature: float  # 0: greedy
+    phases: PhaseTables | None = None  # deltas by answer phase; None: one vector a row
 
 
 class _Rows:
     """The per-row tensors of a batch, in the order of the cache's rows: which request a
     row answers (-1 once it ended: ballast), its next input token, its position, its
-    attention mask (the whole width, masked left padding) and its steering table."""
+    attention mask (the whole width, masked left padding), its steering table and, with
+    phases, its DFA state."""
 
     def __init__(self, prompts: Sequence[Sequence[int]], table: torch.Tensor | None,
                  decoding: Decoding, device: torch.device) -> None:
@@ -61,6 +64,14 @@ class _Rows:
         pads = torch.tensor([width - len(p) for p in prompts], device=device)
         self.mask = (columns[None, :] >= pads[:, None]).long()
         self.table = table
+        self.states = None if table is None or table.ndim == 2 or decoding.phases is None \
+            else decoding.phases.start(len(prompts))
+
+    def steering(self) -> torch.Tensor | None:
+        """The (rows, clusters + 1) table this step adds; with phases, each row's state's row."""
+        if self.table is None or self.states is None:
+            return self.table
+        return PhaseTables.select(self.table, self.states)
 
     def keep(self, count: int, cache: DynamicCache) -> None:
         """The live rows in the first `count` rows: those past it move into rows that
@@ -77,6 +88,7 @@ class _Rows:
         self.request, self.tokens, self.positions, self.mask = map(
             moved, (self.request, self.tokens, self.positions, self.mask))
         self.table = None if self.table is None else moved(self.table)
+        self.states = None if self.states is None else moved(self.states)
 
 
 def decode(model: PreTrainedModel, cache: DynamicCache, prompts: Sequence[Sequence[int]],
@@ -84,7 +96,8 @@ def decode(model: PreTrainedModel, cache: DynamicCache, prompts: Sequence[Sequen
     """The new tokens of each prompt, up to and including its end token. `cache` holds
     every prompt but its last token, left-padded to the longest (`PromptCache.batch`);
     `table` is (prompts, clusters + 1), each row's deltas and a zero column, or None for
-    no steering."""
+    no steering; with phases (prompts, STATES, clusters + 1), a row's bias row per DFA
+    state (`phases.phase_rows`)."""
     device = model.device
     rows = _Rows(prompts, table, decoding, device)
     alive, floor, width = len(prompts), min(MIN_ROWS, len(prompts)), max(len(p) for p in prompts)
@@ -94,7 +107,7 @@ def decode(model: PreTrainedModel, cache: DynamicCache, prompts: Sequence[Sequen
     for step in range(decoding.max_new_tokens):
         output = model(input_ids=rows.tokens[:, None], attention_mask=rows.mask[:, :width + step],
                        position_ids=rows.positions[:, None], use_cache=True, **{CACHE_ARG: cache}, **extra)
-        tokens = _choose(output.logits[:, -1].float(), rows.table, decoding)
+        tokens = _choose(output.logits[:, -1].float(), rows.steering(), decoding)
         live = rows.request >= 0
         answers[rows.request[live], step] = tokens[live]
         ended = live & torch.isin(tokens, decoding.eos_ids)
@@ -105,6 +118,8 @@ def decode(model: PreTrainedModel, cache: DynamicCache, prompts: Sequence[Sequen
             break
         rows.request[ended] = -1
         rows.tokens, rows.positions = tokens, rows.positions + 1
+        if rows.states is not None and decoding.phases is not None:
+            rows.states = decoding.phases.advance(rows.states, tokens)  # before rows move
         if max(alive, floor) < rows.request.shape[0]:
             rows.keep(max(alive, floor), cache)
     return [row[:n] for row, n in zip(answers.tolist(), lengths)]

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
 
+from compressor_2.clusters.vocab import load_vocabulary
 from compressor_2.common import ConfigError
 from compressor_2.engines.base import Generation, GenerationRequest, Progress
 from compressor_2.engines.chat import encode_prompt, prompt_label
@@ -25,6 +26,7 @@ from compressor_2.engines.prompt_cache import PromptCache, UnsupportedCache
 from compressor_2.pretrained import load_causal_lm, load_tokenizer
 from compressor_2.steering.bias import gather_index
 from compressor_2.steering.hf_processor import DeltaBiasProcessor
+from compressor_2.steering.phases import PhaseTables, check_phases, phase_rows, vocabulary_classes
 
 if TYPE_CHECKING:
     from compressor_2.clusters.build import ClusterSet
@@ -77,11 +79,12 @@ class TransformersEngine:
 
     def __init__(self, model_path: str, token_clusters: np.ndarray, num_clusters: int, *,
                  batch_size: int = 256, max_new_tokens: int = 256, temperature: float = 0.0,
-                 device: str = "auto", threads: int = 0, prompt_cache_mb: int = 2048) -> None:
+                 device: str = "auto", threads: int = 0, prompt_cache_mb: int = 2048, phases: int = 1) -> None:
         if threads > 0:
             torch.set_num_threads(threads)
         self.model_path = model_path
         self.num_clusters = num_clusters
+        self.phases = check_phases(phases)
         self.batch_size = batch_size
         self.device = resolve_device(device)
         self.tokenizer = load_tokenizer(model_path)
@@ -102,7 +105,18 @@ class TransformersEngine:
         self.context = getattr(self.model.config, "max_position_embeddings", None)
         self.prompts: PromptCache | None = PromptCache(self.model, prompt_cache_mb << 20)
         self.decoding = Decoding(torch.tensor(self.eos_ids, device=self.device),
-                                 gather_index(self.token_clusters, num_clusters), max_new_tokens, temperature)
+                                 gather_index(self.token_clusters, num_clusters), max_new_tokens, temperature,
+                                 self._phase_tables(len(token_clusters)))
+
+    def _phase_tables(self, vocab_size: int) -> PhaseTables | None:
+        """The phases' DFA on the engine's device, its token classes from the tokenizer's
+        vocabulary as build-clusters decodes it; None for one phase (nothing of it runs)."""
+        if self.phases == 1:
+            return None
+        classes = vocabulary_classes(load_vocabulary(self.model_path))
+        if len(classes) != vocab_size:
+            raise ConfigError(f"{self.model_path!r}: {len(classes)} token classes for a cluster map of {vocab_size}")
+        return PhaseTables.make(classes, self.phases, self.device)
 
     @property
     def max_new_tokens(self) -> int:
@@ -113,12 +127,13 @@ class TransformersEngine:
         return self.decoding.temperature
 
     @classmethod
-    def from_config(cls, config: Config, clusters: ClusterSet) -> TransformersEngine:
+    def from_config(cls, config: Config, clusters: ClusterSet, phases: int = 1) -> TransformersEngine:
         return cls(
             config.model_path, clusters.token_clusters, len(clusters.cluster_ids),
             batch_size=config.transformers_batch_size, max_new_tokens=config.max_new_tokens,
             temperature=config.temperature, device=config.transformers_device,
             threads=config.transformers_threads, prompt_cache_mb=config.transformers_prompt_cache_mb,
+            phases=phases,
         )
 
     def _eos_ids(self, token_clusters: np.ndarray) -> list[int]:
@@ -144,8 +159,9 @@ class TransformersEngine:
         if self.model is None:
             raise RuntimeError("the engine is closed")
         for i, request in enumerate(requests):
-            if len(request.deltas) != self.num_clusters:
-                raise ValueError(f"request {i}: {len(request.deltas)} deltas for {self.num_clusters} clusters")
+            if len(request.deltas) != self.phases * self.num_clusters:
+                raise ValueError(f"request {i}: {len(request.deltas)} deltas for {self.num_clusters} clusters"
+                                 + (f" in {self.phases} phases" if self.phases > 1 else ""))
         encoded = [self.encode(r.prompt) for r in requests]
         self._check_context(requests, encoded)
         order = sorted(range(len(requests)), key=lambda i: len(encoded[i]))
@@ -181,12 +197,18 @@ class TransformersEngine:
         cache = self._prompt_cache(encoded)
         if cache is None:
             return [self._finish(row) for row in self._generate_from_scratch(encoded, rows)]
-        table = None if rows is None else torch.nn.functional.pad(rows, (0, 1))  # the unsteered tokens' zero column
+        if rows is None:
+            table = None
+        elif self.phases > 1:
+            table = phase_rows(rows, self.phases)  # a row per DFA state, each with the zero column
+        else:
+            table = torch.nn.functional.pad(rows, (0, 1))  # the unsteered tokens' zero column
         return [self._finish(row) for row in decode(self.model, cache, encoded, table, self.decoding)]
 
     def _generate_from_scratch(self, encoded: list[list[int]], rows: torch.Tensor | None) -> list[list[int]]:
         padded = self.tokenizer.pad({"input_ids": encoded}, padding=True, return_tensors="pt").to(self.device)
-        processors = LogitsProcessorList([] if rows is None else [DeltaBiasProcessor(rows, self.token_clusters)])
+        processors = LogitsProcessorList(
+            [] if rows is None else [DeltaBiasProcessor(rows, self.token_clusters, self.decoding.phases)])
         sampling = {"do_sample": True, "temperature": self.temperature, "top_p": 1.0, "top_k": 0} \
             if self.temperature > 0 else {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
         with _without_spurious_mask_warning():
