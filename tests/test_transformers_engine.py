@@ -9,14 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, MistralConfig, MistralForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, MistralConfig, MistralForCausalLM
 
+from compressor_2.clusters.vocab import load_vocabulary
 from compressor_2.common.errors import ConfigError
 from compressor_2.engines.base import GenerationRequest
 from compressor_2.engines.decode import MIN_ROWS
 from compressor_2.engines.prompt_cache import CACHE_ARG, PromptCache, kv_bytes
 from compressor_2.engines.transformers_engine import TransformersEngine
 from compressor_2.steering.hf_processor import DeltaBiasProcessor
+from compressor_2.steering.phases import OTHER, phase_sequence, vocabulary_classes
 
 PROMPTS = [
     "Revenue was",
@@ -274,3 +276,112 @@ def test_a_model_whose_cache_cannot_be_padded_prefills_every_row(tiny_model_dir,
     scratch = make_engine(tmp_path, token_clusters)
     scratch.prompts = None
     assert scratch.generate(requests((0.0, 1.0, -1.0))) == answers
+
+
+# Deltas by answer phase: a cluster per token class, so a phase's deltas move what the DFA reads.
+PHASE_CLUSTERS = 5  # 0 EOS, 1 DIGIT, 2 JOIN, 3 NEWLINE, 4 OTHER
+
+
+@pytest.fixture(scope="module")
+def positional_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random GPT-2 on the tiny tokenizer whose token embeddings are zero (its own lm_head):
+    its logits depend on the position alone, so a random model that would repeat one token
+    leaves each step to the deltas and a different draw of the positions' logits, and its
+    answers cross figures, line breaks and ends under deltas that tie the classes."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    directory = tmp_path_factory.mktemp("positional")
+    shutil.copytree(tiny_model_dir, directory, dirs_exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(
+        vocab_size=len(tokenizer), n_positions=256, n_embd=32, n_layer=2, n_head=2, tie_word_embeddings=False,
+        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id))
+    with torch.no_grad():
+        model.transformer.wte.weight.zero_()
+    model.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def phase_setup(tiny_model_dir: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(token classes, a cluster map by class) of the tiny model's vocabulary."""
+    vocabulary = load_vocabulary(str(tiny_model_dir))
+    classes = vocabulary_classes(vocabulary)
+    clusters = np.where(classes == OTHER, 4, classes).astype(np.int64)
+    clusters[sorted(vocabulary.eos_ids)] = 0
+    return classes, clusters
+
+
+class ReferencePhases(LogitsProcessor):
+    """One row's deltas by phase, the phase re-read from the whole answer at every step by
+    `phase_sequence`, the reference."""
+
+    def __init__(self, deltas: tuple[float, ...], token_clusters: np.ndarray, classes: np.ndarray,
+                 phases: int, prompt_length: int) -> None:
+        self.vectors = torch.tensor(deltas, dtype=torch.float32).reshape(phases, -1)
+        self.token_clusters = torch.as_tensor(token_clusters)
+        self.classes, self.phases, self.prompt_length = classes.tolist(), phases, prompt_length
+        self.seen: list[int] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+        answer = input_ids[0, self.prompt_length:].tolist()
+        phase = phase_sequence([*answer, 0], self.classes, self.phases)[-1]
+        self.seen.append(phase)
+        scores[0, :len(self.token_clusters)] += self.vectors[phase][self.token_clusters]
+        return scores
+
+
+def _phase_vectors(phases: int, count: int, seed: int) -> list[tuple[float, ...]]:
+    """Deltas near a tie: figures and joins against words before the first figure (no end),
+    words, line breaks and the end after it."""
+    rng = np.random.default_rng(seed)
+    vectors = []
+    for _ in range(count):
+        per_phase = np.array([[-20, 3 + rng.uniform(-.5, .5), 3 + rng.uniform(-.5, .5), 0, 3],
+                              [3 + rng.uniform(-1, .5), 0, 0, 3 + rng.uniform(-.5, .5), 3],
+                              [3 + rng.uniform(-.5, 1), 0, 0, 0, 3]])
+        vectors.append(tuple(per_phase[:phases].flatten().tolist()))
+    return vectors
+
+
+@pytest.mark.parametrize("phases, seed", [(2, 0), (3, 2)])
+def test_phases_in_the_decode_loop_and_generate_are_exactly_the_reference(positional_model_dir, phase_setup,
+                                                                         phases, seed):
+    """Each answer, from a batch whose rows leave as they end and move into the places of
+    rows that ended (the decode loop), and from `generate` with the incremental processor,
+    is the answer of greedy decoding with the deltas of the phase the reference reads."""
+    classes, clusters = phase_setup
+    mixed = [GenerationRequest(p, v) for v in _phase_vectors(phases, 4, seed) for p in PROMPTS]
+    engine = TransformersEngine(str(positional_model_dir), clusters, PHASE_CLUSTERS, batch_size=len(mixed),
+                                max_new_tokens=MAX_NEW, device="cpu", phases=phases)
+    scratch = TransformersEngine(str(positional_model_dir), clusters, PHASE_CLUSTERS, batch_size=7,
+                                 max_new_tokens=MAX_NEW, device="cpu", phases=phases)
+    scratch.prompts = None  # `generate` and DeltaBiasProcessor
+    answers, seen = engine.generate(mixed), set()
+    for request, answer in zip(mixed, answers):
+        ids = torch.tensor([engine.encode(request.prompt)])
+        reference = ReferencePhases(request.deltas, clusters, classes, phases, ids.shape[1])
+        direct = engine.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                       max_new_tokens=MAX_NEW, eos_token_id=engine.eos_ids, pad_token_id=1,
+                                       logits_processor=[reference])
+        assert answer == engine._finish(direct[0, ids.shape[1]:].tolist()), request
+        seen.update(reference.seen)
+    assert scratch.generate(mixed) == answers
+    assert seen == set(range(phases)), "every phase must steer some step"
+    assert len({a.completion_tokens for a in answers}) > 3, "rows must leave at different steps"
+
+
+def test_one_vector_in_every_phase_is_the_one_phase_answer(positional_model_dir, phase_setup):
+    """Phases whose deltas are all the same steer as today's one vector, and a one-phase engine
+    builds no DFA at all."""
+    _, clusters = phase_setup
+    vectors = [v[:PHASE_CLUSTERS] for v in _phase_vectors(2, 3, 0)]
+    one, three = (TransformersEngine(str(positional_model_dir), clusters, PHASE_CLUSTERS, batch_size=8,
+                                     max_new_tokens=MAX_NEW, device="cpu", phases=phases) for phases in (1, 3))
+    assert one.decoding.phases is None and one.phases == 1
+    assert three.generate([GenerationRequest(p, v * 3) for v in vectors for p in PROMPTS]) == \
+        one.generate([GenerationRequest(p, v) for v in vectors for p in PROMPTS])
+    with pytest.raises(ValueError, match=r"request 0: 5 deltas for 5 clusters in 3 phases"):
+        three.generate([GenerationRequest(PROMPTS[0], vectors[0])])
