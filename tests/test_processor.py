@@ -10,6 +10,8 @@ import math
 import os
 import subprocess
 import sys
+import weakref
+from array import array
 from pathlib import Path
 from types import ModuleType
 
@@ -25,6 +27,7 @@ from compressor_2.common.errors import ConfigError
 from compressor_2.config import Config
 from compressor_2.steering.bias import apply_bias, gather_index
 from compressor_2.steering.generate import generate_processor
+from compressor_2.steering.phases import DIGIT, JOIN, NEWLINE, OTHER, phase_sequence
 from compressor_2.steering.processor import (
     SteeringProcessor,
     custom_params,
@@ -34,6 +37,8 @@ from compressor_2.steering.processor import (
 from tests.cluster_helpers import cluster_config
 
 VOCAB, CLUSTERS, WIDTH = 50, 5, 64
+# Each token's answer-phase class (steering/phases.py): figures often, so phases change.
+CLASSES = np.random.default_rng(5).choice([OTHER, DIGIT, JOIN, NEWLINE], VOCAB, p=[.4, .3, .2, .1]).astype(np.int8)
 
 
 def _cluster_set(folder: Path, fingerprint: str = "fp-1") -> ClusterSet:
@@ -123,6 +128,14 @@ def _bad_params(clusters: ClusterSet, tmp_path: Path) -> dict[str, object]:
         "map rebuilt since": {**good, "fingerprint": "an older build"},
         "map of floats": {**good, "token_clusters": str(floats), "fingerprint": ""},
         "no map at all": {"deltas": DELTAS[0]},
+        "phases out of range": {**good, "phases": 4, "__req__": object()},
+        "phased without SGLang's Req": {**good, "deltas": DELTAS[0] * 2, "phases": 2,
+                                        "token_classes": encode_cluster_map(CLASSES)},
+        "phased without token classes": {**good, "deltas": DELTAS[0] * 2, "phases": 2, "__req__": object()},
+        "phased with bad token classes": {**good, "deltas": DELTAS[0] * 2, "phases": 2, "__req__": object(),
+                                          "token_classes": "int8:bm90IHpsaWI="},
+        "phased deltas of another count": {**good, "deltas": DELTAS[0] * 2 + [1.0], "phases": 2,
+                                           "__req__": object(), "token_classes": encode_cluster_map(CLASSES)},
     }
 
 
@@ -285,23 +298,108 @@ def test_the_same_requests_in_another_batch_get_their_own_rows(clusters: Cluster
     assert torch.equal(Baked()(logits.clone(), [None]), _reference(logits, [DELTAS[0]], index))
 
 
+class _Req:
+    """What the processor reads of SGLang's `Req` (which it gets as a weak proxy): the ids
+    of the answer so far, on the host."""
+
+    def __init__(self) -> None:
+        self.output_ids = array("q")
+
+
+class _Answers:
+    """Phased requests' custom_params as SGLang holds them, their answers growing step by step,
+    and the deltas the reference says each row's next token is steered by."""
+
+    def __init__(self, clusters: ClusterSet, seed: int) -> None:
+        self.clusters, self.rng = clusters, np.random.default_rng(seed)
+        self.reqs: dict[int, _Req] = {}
+        self.seen: set[tuple[int, int]] = set()  # (phases, phase) pairs that steered a step
+
+    def request(self, phases: int) -> dict:
+        req = _Req()
+        deltas = self.rng.normal(0, 2, phases * CLUSTERS).tolist()
+        params = {**custom_params(deltas, self.clusters, phases, encode_cluster_map(CLASSES)),
+                  "__req__": weakref.proxy(req)}
+        self.reqs[id(params)] = req
+        return params
+
+    def deltas(self, params: dict | None) -> list[float] | None:
+        """The row's deltas for its next token: its phase's, read by `phase_sequence`."""
+        if params is None or "phases" not in params:
+            return params and params["deltas"]
+        phases = params["phases"]
+        answer = list(self.reqs[id(params)].output_ids)
+        phase = phase_sequence([*answer, 0], CLASSES.tolist(), phases)[-1]
+        self.seen.add((phases, phase))
+        return params["deltas"][phase * CLUSTERS:(phase + 1) * CLUSTERS]
+
+    def grow(self, batch: list) -> None:
+        """Each phased row's chosen token (now and then two, as after a step in another batch),
+        ids past the tokenizer's vocabulary among them."""
+        for params in batch:
+            if params is not None and id(params) in self.reqs:
+                count = 1 + int(self.rng.random() < 0.2)
+                self.reqs[id(params)].output_ids.extend(self.rng.integers(0, VOCAB + 4, count).tolist())
+
+
+def _phased_batches(clusters: ClusterSet, seed: int) -> tuple[_Answers, list[list]]:
+    """Phased requests of 2 and 3 phases and one-phase ones, joining, leaving and reordered."""
+    answers = _Answers(clusters, seed)
+    a, b, c, d = answers.request(2), answers.request(3), answers.request(2), answers.request(3)
+    e, f = _requests(clusters, 2, seed=seed + 1)
+    return answers, [[a, b], [a, b], [a, b, e], [a, None, b, e, c], [c, a], [f, c, d, b, a], [d, b],
+                     [b, d, f], [e, f]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_phased_rows_are_exactly_the_reference_as_requests_join_leave_and_reorder(tmp_path: Path,
+                                                                                 dtype: torch.dtype) -> None:
+    clusters = _map_with_unsteered(tmp_path / "clusters")
+    index = gather_index(torch.from_numpy(clusters.token_clusters), CLUSTERS)
+    answers, batches = _phased_batches(clusters, seed=7)
+    generator = torch.Generator().manual_seed(1)
+    for number, params in enumerate(batches):
+        if number == 6:  # SGLang retracted a request and dropped its answer: read from the start again
+            answers.reqs[id(params[0])].output_ids = array("q")
+        for _ in range(4):
+            logits = torch.randn(len(params), WIDTH, generator=generator).to(dtype)
+            expected = _reference(logits, [answers.deltas(p) for p in params], index)
+            assert torch.equal(SteeringProcessor()(logits.clone(), list(params)), expected)
+            answers.grow(params)
+    assert answers.seen == {(2, 0), (2, 1), (3, 0), (3, 1), (3, 2)}, "every phase must steer some step"
+
+
+def test_a_batch_without_phased_rows_takes_the_one_phase_step(clusters: ClusterSet) -> None:
+    """One gather and one add, as before phases: no index, no per-step host work."""
+    params = _requests(clusters, 3, seed=8)
+    logits = torch.randn(3, WIDTH)
+    SteeringProcessor()(logits.clone(), params)
+    [batch] = [b for key, b in SteeringProcessor._batches.items() if key[-1] == tuple(map(id, params))]
+    assert batch[2] == () and [table.shape for table, _ in batch[1]] == [(3, CLUSTERS + 1)]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU: torch's sync debug mode checks CUDA only")
 def test_no_step_synchronises_host_and_gpu(tmp_path: Path) -> None:
+    """One-phase batches, then phased ones (their states advanced and their rows' index made
+    on the host, then copied to the GPU), exact and without a host-GPU synchronisation."""
     clusters = _map_with_unsteered(tmp_path / "clusters")
     index = gather_index(torch.from_numpy(clusters.token_clusters), CLUSTERS)
     a, b, c = _requests(clusters, 3, seed=4)
+    answers, phased = _phased_batches(clusters, seed=9)
     batches = [[a, b], [a, b], [a, None, b, c], [c, a], [a, b]]  # first step, kept, joined, left, kept
     for dtype in (torch.float32, torch.bfloat16):
         SteeringProcessor._maps.clear()  # the map's load is checked too
-        for params in batches:
+        for params in batches + [batch for batch in phased for _ in range(3)]:
             logits = torch.randn(len(params), WIDTH, device="cuda").to(dtype)
-            expected = _reference(logits.cpu(), [p and p["deltas"] for p in params], index)
+            expected = _reference(logits.cpu(), [answers.deltas(p) for p in params], index)
             torch.cuda.set_sync_debug_mode("error")  # a synchronising call raises
             try:
                 out = SteeringProcessor._steer(logits, params)  # not __call__: it would swallow the error
             finally:
                 torch.cuda.set_sync_debug_mode("default")
             assert torch.equal(out.cpu(), expected)
+            answers.grow(params)
+    assert {phase for _, phase in answers.seen} == {0, 1, 2}
 
 
 def test_custom_params_checks_the_count(clusters: ClusterSet) -> None:

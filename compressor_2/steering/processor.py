@@ -32,6 +32,18 @@ once (kept by identity, as above), and each distinct delta list is copied to the
 once (from pinned memory, without waiting for the GPU) and kept in a bounded LRU cache.
 The caches live on the class: SGLang makes a new instance for every batch.
 
+Deltas by answer phase: a row whose params say "phases": P (2 or 3) sends P * clusters
+deltas, phase-major, and "token_classes", each token's class (`encode_cluster_map` of
+`phases.token_classes`); the standalone copy bakes `default_phases` and
+`default_token_classes`. Its phase is the DFA of `steering/phases.py` over the tokens it
+has generated, which SGLang holds on the host in the `Req` it adds to dict params as
+"__req__" (`output_ids`). Each request's DFA state and the count of output ids it has read
+are kept by the params' identity, so a step advances it by the new ids only. The batch's
+table then holds one row per request and DFA state; a step builds the rows' index into it
+on the host, copies it to the device from pinned memory without waiting, and selects each
+row's row with one gather before the add. A batch without a phased row takes the one-phase
+step above, unchanged.
+
 The class is self-contained on purpose (imports inside methods, state on the class,
 the arithmetic in `add_bias`), so the same source also works pickled by value:
 dill sends the class and what its methods reference, never this module's globals.
@@ -50,6 +62,7 @@ import numpy as np
 
 from compressor_2.clusters.layout import FINGERPRINT_FILE, UNSTEERED
 from compressor_2.steering.bias import add_bias, gather_index
+from compressor_2.steering.phases import STATE_PHASES, TRANSITIONS
 
 if TYPE_CHECKING:
     from compressor_2.clusters.clusterset import ClusterSet
@@ -64,6 +77,11 @@ class SteeringProcessor:
     default_cluster_map: str = ""
     fingerprint_file: str = FINGERPRINT_FILE
     unsteered: int = UNSTEERED  # the map's id of a special or added token: bias 0, whatever the deltas
+    default_phases: int = 1
+    # `encode_cluster_map` of each token's class (steering/phases.py), for phased rows.
+    default_token_classes: str = ""
+    transitions: tuple = TRANSITIONS  # [DFA state][token class] -> next state
+    state_phases: tuple = STATE_PHASES  # [phases - 1][DFA state] -> phase
     # Distinct delta lists kept on the device, and requests' params kept by identity: a
     # few bytes each, far more than one generation of a run sends.
     cache_size: int = 4096
@@ -85,6 +103,11 @@ class SteeringProcessor:
     # (table, index) pairs, one per cluster map its rows use). Insertion order: a look-up
     # that also moved the entry would hash the key twice a step.
     _batches: dict = {}
+    # encoded token classes -> their bytes (one class a token id).
+    _classes: dict = {}
+    # id of a phased row's params -> [those params, DFA state, output ids read]. Insertion
+    # order; at most cache_size entries (one dropped is read again from its Req).
+    _states: dict = {}
     _warned: set = set()
 
     def __call__(self, logits: Any, custom_param_list: Sequence[Any] | None = None) -> Any:
@@ -109,6 +132,8 @@ class SteeringProcessor:
         cls._rows.clear()
         cls._known.clear()
         cls._batches.clear()
+        cls._classes.clear()
+        cls._states.clear()
         return json.dumps({"callable": dill.dumps(cls, recurse=True).hex()})
 
     @classmethod
@@ -130,56 +155,99 @@ class SteeringProcessor:
             while len(batches) >= cls.batch_cache_size:
                 del batches[next(iter(batches))]  # the oldest, even if still running: made again once
             batches[key] = batch
+        if batch[2]:
+            rows = cls._phase_index(batch[2], logits)
+            for table, index in batch[1]:
+                add_bias(logits, table.index_select(0, rows), index)
+            return logits
         for table, index in batch[1]:
             add_bias(logits, table, index)
         return logits
 
     @classmethod
-    def _new_batch(cls, logits: Any, params: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-        """(params, one (table, index) per cluster map the rows use): what `add_bias` adds
-        at every step of this batch. Holding `params` keeps their ids out of reuse. Rows
-        seen in an earlier batch cost a look-up by id, not their params' checks again."""
+    def _phase_index(cls, phased: tuple, logits: Any) -> Any:
+        """Each row's row of the batch's table (row * states + its DFA state), on the logits'
+        device: the phased rows' states advanced by the output ids their Req gained since the
+        last step, on the host, then one copy from pinned memory that the host does not wait for."""
+        import torch
+
+        states, transitions = cls._states, cls.transitions
+        index = list(phased[0])
+        for row, params, classes in phased[1:]:
+            entry = states.get(id(params))
+            if entry is None:
+                while len(states) >= cls.cache_size:
+                    del states[next(iter(states))]  # the oldest: read again from its Req if still running
+                entry = states[id(params)] = [params, 0, 0]
+            output = params["__req__"].output_ids
+            state, seen, count = entry[1], entry[2], len(output)
+            if count < seen:  # SGLang dropped the answer (a retraction): read it again
+                state, seen = 0, 0
+            for token in output[seen:count]:
+                state = transitions[state][classes[token] if 0 <= token < len(classes) else 0]
+            entry[1], entry[2] = state, count
+            index[row] += state
+        return torch.tensor(index, dtype=torch.long, pin_memory=logits.is_cuda).to(logits.device, non_blocking=True)
+
+    @classmethod
+    def _new_batch(cls, logits: Any, params: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...], tuple]:
+        """(params, one (table, index) per cluster map the rows use, phased): what `add_bias`
+        adds at every step of this batch. Holding `params` keeps their ids out of reuse. Rows
+        seen in an earlier batch cost a look-up by id, not their params' checks again.
+        `phased` is empty unless a row has phases; then it holds each row's first row of the
+        tables (one row per DFA state) and (row, params, token classes) per phased row."""
         import torch
 
         rows, width = logits.shape
         if len(params) != rows:
             cls._warn_once(f"{len(params)} custom_params for {rows} logit rows: batch left unchanged")
-            return params, ()
+            return params, (), ()
         place = (str(logits.device), logits.dtype)
         known = cls._known.setdefault((cls, place), {})
         found = list(map(known.get, map(id, params)))
         for row in [row for row, entry in enumerate(found) if entry is None]:
             found[row] = cls._know(known, params[row], place, logits)
+        states = len(cls.transitions)
+        phased = tuple((row, params[row], classes) for row, (_, vector, _, classes) in enumerate(found)
+                       if classes is not None and vector is not None)
         adds = []
         # The maps the steered rows use, in the rows' order (a set's would vary with the hash seed).
-        for key in dict.fromkeys(key for key, vector, _ in found if vector is not None):
+        for key in dict.fromkeys(key for key, vector, _, _ in found if vector is not None):
             index, needed = cls._cluster_map(key, logits.device)
-            vectors = [vector if k == key else None for k, vector, _ in found]
+            vectors = [vector if k == key else None for k, vector, _, _ in found]
             if any(vector is None for vector in vectors):
                 zero = cls._zero_row(key, place, needed, logits)
                 vectors = [zero if vector is None else vector for vector in vectors]
-            adds.append((torch.stack(vectors), index[:width]))
-        return params, tuple(adds)
+            if phased:  # every row one row per state: a one-phase row's repeated
+                vectors = [v.expand(states, -1) for v in vectors]
+                adds.append((torch.stack(vectors).reshape(rows * states, needed + 1), index[:width]))
+            else:
+                adds.append((torch.stack(vectors), index[:width]))
+        return params, tuple(adds), ((tuple(range(0, rows * states, states)),) + phased if phased else ())
 
     @classmethod
-    def _know(cls, known: dict, params: Any, place: tuple, logits: Any) -> tuple[Any, Any, Any]:
-        """(map key, deltas row, params) for one row, kept in `known` under the params' id;
-        the row is None where it adds nothing (no deltas, all zero, or unusable)."""
-        entry: tuple[Any, Any, Any] = (None, None, params)
+    def _know(cls, known: dict, params: Any, place: tuple, logits: Any) -> tuple[Any, Any, Any, Any]:
+        """(map key, deltas row, params, token classes) for one row, kept in `known` under the
+        params' id; the row is None where it adds nothing (no deltas, all zero, or unusable),
+        and a (states, clusters + 1) table with phases, whose row also has its token classes."""
+        entry: tuple[Any, Any, Any, Any] = (None, None, params, None)
         plan = cls._row_plan(params)
         if plan is not None:
             loaded = cls._cluster_map(plan[0], logits.device)
-            if loaded is not None:
-                entry = (plan[0], cls._deltas_row(plan[0], place, plan[1], loaded[1], logits), params)
+            phases, classes = plan[2]
+            if loaded is not None and (phases == 1 or classes is not None):
+                vector = cls._deltas_row(plan[0], place, plan[1], loaded[1], logits, phases)
+                entry = (plan[0], vector, params, classes)
         while len(known) >= cls.cache_size:
             del known[next(iter(known))]  # the oldest: a request still running is looked at again
         known[id(params)] = entry
         return entry
 
     @classmethod
-    def _row_plan(cls, params: Any) -> tuple[Any, Any] | None:
-        """(cluster map key, deltas) for one row, or None to leave the row unchanged. The
-        deltas themselves are checked once per distinct list, in `_deltas_row`."""
+    def _row_plan(cls, params: Any) -> tuple[Any, Any, tuple[int, Any]] | None:
+        """(cluster map key, deltas, (phases, token classes or None)) for one row, or None to
+        leave the row unchanged. The deltas themselves are checked once per distinct list, in
+        `_deltas_row`."""
         if params is None:
             params = {}
         if not isinstance(params, dict):
@@ -202,22 +270,51 @@ class SteeringProcessor:
         else:
             cls._warn_once("custom_params['token_clusters'] is not a path string: row left unchanged")
             return None
-        return key, deltas
+        phases = params.get("phases", cls.default_phases)
+        if phases == 1:
+            return key, deltas, (1, None)
+        if phases not in (2, 3) or isinstance(phases, bool):
+            cls._warn_once(f"custom_params['phases'] is {phases!r}, not 1, 2 or 3: row left unchanged")
+            return None
+        if "__req__" not in params:
+            # SGLang adds its Req (the answer so far) only to a request whose custom_params is a dict.
+            cls._warn_once("a phased row without SGLang's '__req__' (send custom_params, {} at least): "
+                           "row left unchanged")
+            return None
+        return key, deltas, (phases, cls._token_classes(params.get("token_classes", cls.default_token_classes)))
 
     @classmethod
-    def _deltas_row(cls, key: Any, place: tuple, deltas: Any, needed: int, logits: Any) -> Any:
-        """The row's first `needed` deltas and a 0 as a tensor on the logits' device and dtype,
-        made once per distinct list and kept in the class's LRU cache; None for a row that adds
-        nothing (all zero) or cannot be used (logged once, and not cached)."""
+    def _token_classes(cls, encoded: Any) -> Any:
+        """The bytes of each token's class (`encode_cluster_map` of `phases.token_classes`),
+        decoded once per process; None (logged once) when missing or unusable."""
+        classes = cls._classes.get(encoded) if isinstance(encoded, str) else None
+        if classes is None:
+            try:
+                dtype, _, payload = encoded.partition(":")
+                classes = zlib.decompress(base64.b64decode(payload)) if dtype == "int8" else None
+            except Exception:  # noqa: BLE001 - see __call__
+                classes = None
+            if not classes or max(classes) >= len(cls.transitions[0]):
+                cls._warn_once("a phased row without usable 'token_classes': row left unchanged")
+                return None
+            cls._classes[encoded] = classes
+        return classes
+
+    @classmethod
+    def _deltas_row(cls, key: Any, place: tuple, deltas: Any, needed: int, logits: Any, phases: int = 1) -> Any:
+        """The row's first `needed` deltas and a 0 as a tensor on the logits' device and dtype
+        (with phases, one such row per DFA state), made once per distinct list and kept in the
+        class's LRU cache; None for a row that adds nothing (all zero) or cannot be used
+        (logged once, and not cached)."""
         rows = cls._rows
         try:
-            cache_key = (key, place, tuple(deltas))
+            cache_key = (key, place, tuple(deltas)) if phases == 1 else (key, place, phases, tuple(deltas))
             vector = rows.pop(cache_key, rows)  # `rows` itself marks a miss
         except TypeError:  # a list holding lists or dicts: unhashable
             cls._warn_once("custom_params['deltas'] is not a list of finite numbers: row left unchanged")
             return None
         if vector is rows:
-            vector = cls._new_deltas_row(cache_key[2], needed, logits)
+            vector = cls._new_deltas_row(cache_key[-1], needed, logits, phases)
             if vector is False:
                 return None
             while len(rows) >= cls.cache_size:
@@ -226,21 +323,27 @@ class SteeringProcessor:
         return vector
 
     @classmethod
-    def _new_deltas_row(cls, deltas: tuple, needed: int, logits: Any) -> Any:
+    def _new_deltas_row(cls, deltas: tuple, needed: int, logits: Any, phases: int = 1) -> Any:
         """A cache entry: the tensor, None (all zero), or False (unusable)."""
         import torch
 
         if not all(isinstance(d, (int, float)) and not isinstance(d, bool) and math.isfinite(d) for d in deltas):
             cls._warn_once("custom_params['deltas'] is not a list of finite numbers: row left unchanged")
             return False
-        if len(deltas) < needed:
-            cls._warn_once(f"{len(deltas)} deltas for a cluster map with {needed} clusters: row left unchanged")
+        if len(deltas) < needed * phases or len(deltas) % phases:
+            cls._warn_once(f"{len(deltas)} deltas for a cluster map with {needed} clusters"
+                           + (f" in {phases} phases" if phases > 1 else "") + ": row left unchanged")
             return False
         if not any(deltas):
             return None
         # This list's one host-to-device copy, from pinned memory so the host need not wait
-        # for the GPU; deltas past `needed` name no cluster of the map.
-        values = [float(d) for d in deltas[:needed]] + [0.0]
+        # for the GPU; deltas past `needed` (of each phase) name no cluster of the map.
+        if phases > 1:
+            size = len(deltas) // phases
+            values: Any = [[float(d) for d in deltas[p * size:p * size + needed]] + [0.0]
+                           for p in cls.state_phases[phases - 1]]
+        else:
+            values = [float(d) for d in deltas[:needed]] + [0.0]
         row = torch.tensor(values, dtype=logits.dtype, pin_memory=logits.is_cuda)
         return row.to(logits.device, non_blocking=True)
 
@@ -332,12 +435,18 @@ def steer(logits: Any, custom_param_list: Sequence[Any] | None = None) -> Any:
     return SteeringProcessor()(logits, custom_param_list)
 
 
-def custom_params(deltas: Sequence[float], clusters: ClusterSet) -> dict[str, Any]:
-    """One request's `sampling_params.custom_params` for `processor_spec()`."""
-    if len(deltas) != len(clusters.cluster_ids):
-        raise ValueError(f"{len(deltas)} deltas for {len(clusters.cluster_ids)} clusters")
-    return {
+def custom_params(deltas: Sequence[float], clusters: ClusterSet, phases: int = 1,
+                  token_classes: str = "") -> dict[str, Any]:
+    """One request's `sampling_params.custom_params` for `processor_spec()`; with phases,
+    `token_classes` is `encode_cluster_map` of the vocabulary's `phases.token_classes`."""
+    if len(deltas) != phases * len(clusters.cluster_ids):
+        raise ValueError(f"{len(deltas)} deltas for {len(clusters.cluster_ids)} clusters"
+                         + (f" in {phases} phases" if phases > 1 else ""))
+    params: dict[str, Any] = {
         "deltas": [float(d) for d in deltas],
         "token_clusters": str(clusters.token_clusters_path),
         "fingerprint": clusters.fingerprint,
     }
+    if phases > 1:
+        params.update(phases=phases, token_classes=token_classes)
+    return params
