@@ -26,7 +26,7 @@ from compressor_2.clusters.layout import FINGERPRINT_FILE, UNSTEERED
 from compressor_2.common.errors import ConfigError
 from compressor_2.config import Config
 from compressor_2.steering.bias import apply_bias, gather_index
-from compressor_2.steering.generate import generate_processor
+from compressor_2.steering.generate import generate_processor, render_processor
 from compressor_2.steering.phases import DIGIT, JOIN, NEWLINE, OTHER, phase_sequence
 from compressor_2.steering.processor import (
     SteeringProcessor,
@@ -503,6 +503,36 @@ def test_generated_processor(built: Config, tmp_path: Path) -> None:
     served = _serve([[by_reference, [None]]], width, cwd=server_dir, pythonpath=str(out.parent))
     assert served["results"][0] == {"class": "steer_proc.SteeringProcessor", "rows": [_bias(baked, tc, width)]}
     assert "compressor_2" not in served["modules"]
+
+
+def test_the_standalone_copy_bakes_the_phases_and_the_token_classes(clusters: ClusterSet, tmp_path: Path) -> None:
+    """generate-processor's module for 3 phases: rows that send only a dict (SGLang then adds its
+    Req) get the baked deltas of their phase, exact against the reference; a row without
+    custom_params, which SGLang hands no Req, is left unsteered."""
+    baked = np.random.default_rng(11).normal(0, 2, 3 * CLUSTERS).tolist()
+    out = tmp_path / "phased_proc.py"
+    out.write_text(render_processor(baked, clusters, tmp_path / "deltas.json", out.stem, CLASSES))
+    module = _import_file(out, "phased_proc")
+    try:
+        assert module.SteeringProcessor.default_phases == 3
+        index = gather_index(torch.from_numpy(clusters.token_clusters), CLUSTERS)
+        reqs = [_Req() for _ in range(3)]
+        params = [{"__req__": weakref.proxy(req)} for req in reqs]
+        rng, seen = np.random.default_rng(12), set()
+        for _ in range(30):
+            logits = torch.randn(3, WIDTH)
+            phases = [phase_sequence([*req.output_ids, 0], CLASSES.tolist(), 3)[-1] for req in reqs]
+            seen.update(phases)
+            expected = _reference(logits, [baked[p * CLUSTERS:(p + 1) * CLUSTERS] for p in phases], index)
+            assert torch.equal(module.SteeringProcessor()(logits.clone(), params), expected)
+            for req in reqs:
+                req.output_ids.append(int(rng.integers(0, VOCAB)))
+        assert seen == {0, 1, 2}
+        assert torch.equal(module.SteeringProcessor()(logits.clone(), [None, *params[1:]])[0], logits[0])
+    finally:
+        del sys.modules["phased_proc"]
+    with pytest.raises(ValueError, match="need the vocabulary's token classes"):
+        render_processor(baked, clusters, tmp_path / "deltas.json", out.stem)
 
 
 def test_generate_processor_refuses_bad_deltas(built: Config, tmp_path: Path) -> None:
