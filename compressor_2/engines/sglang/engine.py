@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import numpy as np
 
+from compressor_2.clusters.vocab import load_vocabulary
 from compressor_2.common import ConfigError, RunError
 from compressor_2.config import check_addresses, check_loopback
 from compressor_2.engines.base import Generation, GenerationRequest, Progress
@@ -57,6 +58,7 @@ from compressor_2.engines.sglang.probe import (
 from compressor_2.engines.sglang.server import SGLangServer
 from compressor_2.pretrained import load_tokenizer
 from compressor_2.steering.guarded import guarded_spec
+from compressor_2.steering.phases import vocabulary_classes
 from compressor_2.steering.processor import custom_params, encode_cluster_map, processor_spec
 
 if TYPE_CHECKING:
@@ -110,11 +112,14 @@ class SGLangEngine:
         api: str = "generate",
         server: SGLangServer | None = None,
         max_restarts: int = 0,
+        phases: int = 1,
+        token_classes: str = "",  # with phases: `encode_cluster_map` of the vocabulary's token classes
     ) -> None:
         if not urls:
             raise ValueError("no server URL")
         self.urls = tuple(urls)
         self.clusters = clusters
+        self.phases, self.token_classes = phases, token_classes
         # Every token of cluster 0 ends an answer, as in the transformers engine: a server stops
         # only at its model's eos ids, which may leave out one of cluster 0's end markers (a
         # GGUF of SmolLM2 ends at <|im_end|>, not at <|endoftext|>).
@@ -140,7 +145,7 @@ class SGLangEngine:
 
     @classmethod
     def from_config(cls, config: Config, clusters: ClusterSet, tokenizer: Any = None,
-                    prompts: Mapping[str, str] | None = None) -> SGLangEngine:
+                    prompts: Mapping[str, str] | None = None, phases: int = 1) -> SGLangEngine:
         """Attach to CONFIG_SGLANG_URLS, or launch the one server of this run; then `prepare`
         for `prompts` (every prompt the run will send, by example id)."""
         check_addresses(config)
@@ -153,7 +158,8 @@ class SGLangEngine:
         settings: dict[str, Any] = dict(
             temperature=config.temperature, max_new_tokens=config.max_new_tokens,
             concurrency=config.eval_concurrency, request_timeout=config.sglang_request_timeout,
-            api=config.sglang_api,
+            api=config.sglang_api, phases=phases,
+            token_classes=encode_cluster_map(vocabulary_classes(load_vocabulary(config.model_path))) if phases > 1 else "",
         )
         tokenize = functools.partial(chat_prompt, tokenizer)
         if config.sglang_urls:
@@ -302,8 +308,8 @@ class SGLangEngine:
         run's map path."""
         probes = []
         for sign in (1.0, -1.0):
-            deltas = [0.0] * len(self.clusters.cluster_ids)
-            deltas[cluster] = sign * PROBE_DELTA
+            width = len(self.clusters.cluster_ids)  # the cluster moved in every phase
+            deltas = [sign * PROBE_DELTA if i % width == cluster else 0.0 for i in range(width * self.phases)]
             request = GenerationRequest(PROBE_PROMPT, tuple(deltas))
             stated = None if params is None else {"deltas": list(deltas), **params}
             probes.append(self.request_body(request, processor, stated, temperature=0.0,
@@ -329,10 +335,11 @@ class SGLangEngine:
                  progress: Progress | None = None) -> list[Generation]:
         if self._closed:
             raise RuntimeError("the engine is closed")
-        width = len(self.clusters.cluster_ids)
+        width = len(self.clusters.cluster_ids) * self.phases
         for i, request in enumerate(requests):
             if len(request.deltas) != width:
-                raise ValueError(f"request {i}: {len(request.deltas)} deltas for {width} clusters")
+                raise ValueError(f"request {i}: {len(request.deltas)} deltas for {width // self.phases} clusters"
+                                 + (f" in {self.phases} phases" if self.phases > 1 else ""))
         labels = [f"request {i} ({prompt_label(request.prompt)})" for i, request in enumerate(requests)]
         prompts = [self._prompt(request.prompt) for request in requests]
         for label, prompt in zip(labels, prompts):
@@ -363,7 +370,8 @@ class SGLangEngine:
             "stop_token_ids": self.stop_ids or None,
             "temperature": self.temperature,
             "max_new_tokens": self.max_new_tokens,
-            "custom_params": params if params is not None else custom_params(request.deltas, self.clusters),
+            "custom_params": params if params is not None else custom_params(
+                request.deltas, self.clusters, self.phases, self.token_classes),
             **sampling,
         }
         return self.api.body(self._prompt(request.prompt), processor or self.processor, stated)
