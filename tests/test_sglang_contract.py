@@ -29,6 +29,7 @@ import torch
 from transformers import AutoTokenizer
 
 from compressor_2.clusters.clusterset import FINGERPRINT_FILE, ClusterSet
+from compressor_2.clusters.vocab import load_vocabulary
 from compressor_2.engines.base import GenerationRequest
 from compressor_2.engines.chat import chat_prompt
 from compressor_2.engines.sglang.engine import SGLangEngine
@@ -39,6 +40,7 @@ from compressor_2.engines.sglang import facts as sglang_facts
 from compressor_2.engines.sglang.server import KNOWN_FAILURES
 from compressor_2.steering.generate import render_processor
 from compressor_2.steering.guarded import guarded_spec
+from compressor_2.steering.phases import phase_sequence, vocabulary_classes
 from compressor_2.steering.processor import SteeringProcessor, encode_cluster_map, processor_spec
 from tests.fakes import sglang_server as fake
 from tests.sglang_wheel import REPO, SGLang, Batch, Req, load_sglang, sglang_source
@@ -328,6 +330,108 @@ def test_sglangs_batching_of_both_processors_gives_logits_plus_bias(
     steering += [deltas for _, deltas in joining]
     assert sorted(entry.rows for entry in info.custom_logit_processor.values()) == [[0, 3, 5], [1, 2, 4]]
     step_is_exact()
+
+
+# -- deltas by answer phase: the answer so far, read from SGLang's Req -------------------------------
+
+PHASES = 3
+
+
+def test_both_processors_read_the_answer_where_sglang_puts_it_and_steer_by_its_phase(
+        sglang: SGLang, engine: SGLangEngine, clusters: ClusterSet, tokenizer: Any, tiny_model_dir: Path,
+        tmp_path_factory: pytest.TempPathFactory):
+    """Phased rows of the run's processor and of a phased processor_best.py, beside one-phase and
+    unsteered rows, batched, filtered and merged by SGLang's own code: each processor finds the
+    request's `Req` under "__req__" (SGLang's weak proxy), reads its output_ids as they grow, and
+    every step is logits + the bias of the phase `phase_sequence` gives."""
+    width = len(tokenizer) + 64
+    classes = vocabulary_classes(load_vocabulary(str(tiny_model_dir)))
+    phased = SGLangEngine(engine.urls, clusters, engine.tokenize, temperature=0.0, max_new_tokens=MAX_NEW,
+                          concurrency=1, request_timeout=1.0, phases=PHASES, token_classes=encode_cluster_map(classes))
+    baked = tuple(np.random.default_rng(3).normal(0, 2, PHASES * CLUSTERS).round(3).tolist())
+    folder = tmp_path_factory.mktemp("phased_deploy")
+    (folder / "processor_best.py").write_text(
+        render_processor(list(baked), clusters, folder / "deltas_best.json", "processor_best", classes))
+    made = subprocess.run([sys.executable, "processor_best.py"], capture_output=True, text=True, cwd=folder,
+                          env={**os.environ, "PYTHONPATH": ""}, timeout=120)
+    assert made.returncode == 0, made.stderr
+
+    def value_body(custom: dict[str, Any] | None) -> dict[str, Any]:
+        sampling: dict[str, Any] = {**STATED_SAMPLING, "temperature": 0.0, "max_new_tokens": MAX_NEW}
+        if custom is not None:
+            sampling["custom_params"] = custom
+        return {"input_ids": [5, 6, 7], "custom_logit_processor": made.stdout.strip(), "sampling_params": sampling}
+
+    rng = np.random.default_rng(4)
+    mine = [tuple(rng.normal(0, 2, PHASES * CLUSTERS).round(3).tolist()) for _ in range(3)]
+    # (body, deltas, phases): phases 0 is a row left unsteered (no custom_params: SGLang gives it no Req).
+    rows = [(phased.request_body(GenerationRequest(PROMPTS[0], mine[0])), mine[0], PHASES),
+            (value_body({}), baked, PHASES), (engine.request_body(GenerationRequest(PROMPTS[1], DELTAS[0])),
+                                               DELTAS[0], 1),
+            (phased.request_body(GenerationRequest(PROMPTS[2], mine[1])), mine[1], PHASES),
+            (value_body(None), None, 0)]
+
+    def reqs(rows: list, first: int) -> list[Req]:
+        made = []
+        for i, (body, _, _) in enumerate(rows):
+            body = json.loads(json.dumps(body))
+            assert sglang.api_contract.generate_contract_error(body) is None
+            params = sampling_params(sglang, body, {}, width)
+            made.append(Req(sglang, f"r{first + i}", params, body["custom_logit_processor"], body["input_ids"]))
+        return made
+
+    requests = reqs(rows, 0)
+    info = sglang.sampling_batch_info.SamplingBatchInfo.from_schedule_batch(Batch(requests), vocab_size=width)
+    for row, req in enumerate(requests[:4]):
+        assert info.custom_params[row]["__req__"].output_ids is req.output_ids  # the Req itself, by weak proxy
+    seen: set[int] = set()
+
+    def step_is_exact() -> None:
+        steering = []
+        for req, (_, deltas, phases) in zip(requests, rows):
+            phase = phase_sequence([*req.output_ids, 0], classes.tolist(), max(phases, 1))[-1]
+            seen.update([phase] if phases == PHASES else [])
+            steering.append(None if deltas is None or not any(deltas)
+                            else deltas[phase * CLUSTERS:(phase + 1) * CLUSTERS])
+        logits = torch.randn(len(requests), width, generator=generator)
+        expected = expected_logits(logits, steering, clusters.token_clusters)
+        sglang.apply_custom_logit_processor(logits, info)
+        assert torch.equal(logits, expected)
+        for req in requests:  # the token each row's step chose, appended before the next step
+            req.output_ids.append(int(rng.choice(by_class[rng.choice(4, p=[.4, .3, .15, .15])])))
+
+    generator = torch.Generator().manual_seed(5)
+    by_class = [np.flatnonzero(classes == c) for c in range(4)]
+    by_class[0] = np.append(by_class[0], width - 1)  # a model's padding column, past the tokenizer's ids
+    for _ in range(12):
+        step_is_exact()
+    keep = [0, 1, 3]  # rows 2 and 4 finished
+    info.filter_batch(keep, torch.tensor(keep))
+    requests, rows = [requests[i] for i in keep], [rows[i] for i in keep]
+    for _ in range(6):
+        step_is_exact()
+    joining = [(phased.request_body(GenerationRequest(PROMPTS[3], mine[2])), mine[2], PHASES), (value_body({}), baked,
+                                                                                                 PHASES)]
+    joined = reqs(joining, 10)
+    info.merge_batch(sglang.sampling_batch_info.SamplingBatchInfo.from_schedule_batch(Batch(joined), vocab_size=width))
+    requests, rows = requests + joined, rows + joining
+    for _ in range(6):
+        step_is_exact()
+    assert seen == {0, 1, 2}, "every phase must steer some step"
+
+
+def test_sglang_appends_a_step_s_token_before_the_next_step_samples_only_without_overlap_or_with_delay():
+    """Why a server for phased rows runs with SGLANG_ENABLE_DELAY_SAMPLE=1 (or
+    --disable-overlap-schedule): with the overlap scheduler, a batch is sampled (and the
+    processor called) before the last batch's result is appended to output_ids, unless the
+    sample is delayed, which SGLang does for grammars and under that variable."""
+    scheduler = _sglang_file("managers", "scheduler.py")
+    loop = scheduler[scheduler.index("def event_loop_overlap"):scheduler.index("def is_disable_overlap_for_batch")]
+    assert loop.index("batch_result = self.run_batch(batch)") < loop.index("pop_and_process()\n            elif")
+    assert loop.index("pop_and_process()\n            elif") < loop.index("self.launch_batch_sample_if_needed(")
+    worker = _sglang_file("managers", "tp_worker.py")
+    assert "envs.SGLANG_ENABLE_DELAY_SAMPLE.get()" in worker and "batch_result.delay_sample_func = " in worker
+    assert "SGLANG_ENABLE_DELAY_SAMPLE = EnvBool(False)" in _sglang_file("environ.py")
 
 
 # -- a server that cannot import compressor_2, and deterministic inference ------------------------
