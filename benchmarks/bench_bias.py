@@ -17,6 +17,11 @@ tokenizer ids, 12 clusters), each row with its own deltas, it times side by side
               the device
   first step  the call with the class's caches empty: the map and every row's deltas
               are loaded then, once per server process
+  answers grow  appending one token to each request's output ids (what SGLang's own
+              step does; timed to be taken off the next)
+  phased (2)  a step of rows with deltas by phase (2 phases), their answers one token
+              longer: the DFA advanced on the host, the rows' index copied to the device,
+              one more gather
 
 and prints each against `add`, the processor against `apply_bias`, and the processor's
 work beyond one gather and one add. On the CPU torch runs one thread (the machine is
@@ -39,6 +44,8 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+import weakref
+from array import array
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,7 +54,8 @@ import torch
 
 from compressor_2.clusters.layout import FINGERPRINT_FILE, TOKEN_CLUSTERS_FILE
 from compressor_2.steering.bias import add_bias, apply_bias, bias_matrix, gather_index
-from compressor_2.steering.processor import SteeringProcessor
+from compressor_2.steering.phases import token_classes
+from compressor_2.steering.processor import SteeringProcessor, encode_cluster_map
 
 MODEL_WIDTH, TOKENIZER_VOCAB, CLUSTERS = 152_064, 151_646, 12
 HOST_WIDTH, HOST_VOCAB = 64, 60  # the host's work alone: kernels next to nothing
@@ -84,6 +92,36 @@ def _clear_caches() -> None:
     SteeringProcessor._rows.clear()
     SteeringProcessor._known.clear()
     SteeringProcessor._batches.clear()
+    SteeringProcessor._states.clear()
+
+
+class _Answer:
+    """SGLang's `Req` as the processor reads it: the answer so far, on the host."""
+
+    def __init__(self) -> None:
+        self.output_ids = array("q")
+
+
+def _phased_step(processor: SteeringProcessor, logits: torch.Tensor, params: list[dict],
+                 answers: list[_Answer]) -> Callable[[], object]:
+    """A decode step of phased rows: each answer one token longer (a digit, a join or a word in
+    turn, so the states move), then the processor."""
+    count = [0]
+
+    def step() -> object:
+        count[0] += 1
+        for answer in answers:
+            answer.output_ids.append(count[0] % 3)
+        return processor(logits, params)
+    return step
+
+
+def _grow(answers: list[_Answer]) -> Callable[[], object]:
+    def step() -> object:
+        for answer in answers:
+            answer.output_ids.append(0)
+        return None
+    return step
 
 
 def _joining_batches(pool: list[dict], batch: int) -> Callable[[], list[dict]]:
@@ -124,6 +162,11 @@ def bench_device(device: torch.device, width: int, path: Path, rng: np.random.Ge
         processor = SteeringProcessor()
         joining = _joining_batches(pool, batch)
         indices = torch.arange(batch, device=device)
+        # Two phases: tokens 0, 1, 2 are a digit, a join and a word.
+        classes = encode_cluster_map(token_classes(["1", ",", "x"] + ["y"] * (len(clusters) - 3)))
+        answers = [_Answer() for _ in range(batch)]
+        phased = [{**p, "deltas": d * 2, "phases": 2, "token_classes": classes, "__req__": weakref.proxy(a)}
+                  for p, d, a in zip(params, deltas, answers)]
         variants: dict[str, Callable[[], object]] = {
             "add": lambda: logits.add_(bias),
             "gather+add": lambda: add_bias(logits, table, index),
@@ -131,6 +174,8 @@ def bench_device(device: torch.device, width: int, path: Path, rng: np.random.Ge
             "sglang": lambda: logits.index_copy_(0, indices, logits.index_select(0, indices)),
             "processor": lambda: processor(logits, params),
             "new batch": lambda: processor(logits, joining()),
+            "answers grow": _grow(answers),
+            "phased (2)": _phased_step(processor, logits, phased, answers),
         }
         _clear_caches()
         first = timed(lambda: processor(logits, params), 1)
@@ -148,7 +193,8 @@ def bench_device(device: torch.device, width: int, path: Path, rng: np.random.Ge
         print(f"  batch {batch:>3}: " + " | ".join(
             f"{name} {ms * 1e3:.3f} = {ms / base:.1f}x" for name, ms in best.items()))
         print(f"             processor / apply_bias {best['processor'] / best['apply_bias']:.2f}, "
-              f"beyond gather+add {(best['processor'] - best['gather+add']) * 1e3:+.3f} ms")
+              f"beyond gather+add {(best['processor'] - best['gather+add']) * 1e3:+.3f} ms, phased beyond "
+              f"one phase {(best['phased (2)'] - best['answers grow'] - best['processor']) * 1e3:+.3f} ms")
         results[batch] = best
     return results
 

@@ -105,7 +105,7 @@ class SteeringProcessor:
     _batches: dict = {}
     # encoded token classes -> their bytes (one class a token id).
     _classes: dict = {}
-    # id of a phased row's params -> [those params, DFA state, output ids read]. Insertion
+    # id of a phased row's params -> (those params, [DFA state, output ids read]). Insertion
     # order; at most cache_size entries (one dropped is read again from its Req).
     _states: dict = {}
     _warned: set = set()
@@ -171,21 +171,20 @@ class SteeringProcessor:
         last step, on the host, then one copy from pinned memory that the host does not wait for."""
         import torch
 
-        states, transitions = cls._states, cls.transitions
+        transitions = cls.transitions
         index = list(phased[0])
-        for row, params, classes in phased[1:]:
-            entry = states.get(id(params))
-            if entry is None:
-                while len(states) >= cls.cache_size:
-                    del states[next(iter(states))]  # the oldest: read again from its Req if still running
-                entry = states[id(params)] = [params, 0, 0]
-            output = params["__req__"].output_ids
-            state, seen, count = entry[1], entry[2], len(output)
-            if count < seen:  # SGLang dropped the answer (a retraction): read it again
-                state, seen = 0, 0
-            for token in output[seen:count]:
+        for row, req, classes, entry in phased[1:]:
+            output = req.output_ids
+            state, seen, count = entry[0], entry[1], len(output)
+            if count == seen + 1:  # a decode step: one new token
+                token = output[seen]
                 state = transitions[state][classes[token] if 0 <= token < len(classes) else 0]
-            entry[1], entry[2] = state, count
+            else:
+                if count < seen:  # SGLang dropped the answer (a retraction): read it again
+                    state, seen = 0, 0
+                for token in output[seen:count]:
+                    state = transitions[state][classes[token] if 0 <= token < len(classes) else 0]
+            entry[0], entry[1] = state, count
             index[row] += state
         return torch.tensor(index, dtype=torch.long, pin_memory=logits.is_cuda).to(logits.device, non_blocking=True)
 
@@ -195,7 +194,7 @@ class SteeringProcessor:
         adds at every step of this batch. Holding `params` keeps their ids out of reuse. Rows
         seen in an earlier batch cost a look-up by id, not their params' checks again.
         `phased` is empty unless a row has phases; then it holds each row's first row of the
-        tables (one row per DFA state) and (row, params, token classes) per phased row."""
+        tables (one row per DFA state) and (row, Req, token classes, DFA state) per phased row."""
         import torch
 
         rows, width = logits.shape
@@ -208,8 +207,8 @@ class SteeringProcessor:
         for row in [row for row, entry in enumerate(found) if entry is None]:
             found[row] = cls._know(known, params[row], place, logits)
         states = len(cls.transitions)
-        phased = tuple((row, params[row], classes) for row, (_, vector, _, classes) in enumerate(found)
-                       if classes is not None and vector is not None)
+        phased = tuple((row, params[row]["__req__"], classes, cls._state(params[row]))
+                       for row, (_, vector, _, classes) in enumerate(found) if classes is not None and vector is not None)
         adds = []
         # The maps the steered rows use, in the rows' order (a set's would vary with the hash seed).
         for key in dict.fromkeys(key for key, vector, _, _ in found if vector is not None):
@@ -224,6 +223,18 @@ class SteeringProcessor:
             else:
                 adds.append((torch.stack(vectors), index[:width]))
         return params, tuple(adds), ((tuple(range(0, rows * states, states)),) + phased if phased else ())
+
+    @classmethod
+    def _state(cls, params: Any) -> list[int]:
+        """The request's [DFA state, output ids read], kept by its params' identity (with the
+        params, so no new request takes that identity while it is kept); one dropped from
+        the bounded cache is read again from the start by the next batch that needs it."""
+        states = cls._states
+        if id(params) not in states:
+            while len(states) >= cls.cache_size:
+                del states[next(iter(states))]  # the oldest
+            states[id(params)] = (params, [0, 0])
+        return states[id(params)][1]
 
     @classmethod
     def _know(cls, known: dict, params: Any, place: tuple, logits: Any) -> tuple[Any, Any, Any, Any]:
