@@ -362,6 +362,10 @@ def test_both_processors_read_the_answer_where_sglang_puts_it_and_steer_by_its_p
             sampling["custom_params"] = custom
         return {"input_ids": [5, 6, 7], "custom_logit_processor": made.stdout.strip(), "sampling_params": sampling}
 
+    for probe in phased.probe_bodies(2):  # the steering probe moves its cluster in every phase
+        assert sglang.api_contract.generate_contract_error(json.loads(json.dumps(probe))) is None
+        sent = probe["sampling_params"]["custom_params"]
+        assert sent["phases"] == PHASES and [i for i, d in enumerate(sent["deltas"]) if d] == [2, 6, 10]
     rng = np.random.default_rng(4)
     mine = [tuple(rng.normal(0, 2, PHASES * CLUSTERS).round(3).tolist()) for _ in range(3)]
     # (body, deltas, phases): phases 0 is a row left unsteered (no custom_params: SGLang gives it no Req).

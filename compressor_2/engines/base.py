@@ -10,7 +10,8 @@ from typing import Protocol
 @dataclass(frozen=True)
 class GenerationRequest:
     """One answer to produce: a user prompt (the engine applies the chat template) and
-    the delta list, in canonical cluster order, to steer it with."""
+    the delta list, in canonical cluster order, to steer it with; with P answer phases,
+    P such lists one after the other (phase-major)."""
 
     prompt: str
     deltas: tuple[float, ...]
