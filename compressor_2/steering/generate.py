@@ -102,7 +102,8 @@ def write_processor(clusters: ClusterSet, deltas_path: Path, out: Path, force: b
     """`generate_processor` over clusters already loaded (a run's, for each new best);
     returns what was written, in a line."""
     check_fingerprint(deltas_path, cluster_map_digest(clusters), force)
-    deltas = to_list(load_deltas(deltas_path, clusters.cluster_ids))
+    # As many answer phases as the file holds: the deltas, phase-major.
+    deltas = to_list(load_deltas(deltas_path, clusters.cluster_ids, phases=None))
     source = render_processor(deltas, clusters, deltas_path, out.stem)
     # A broken module would only fail on the server: refuse to write one.
     compile(source, str(out), "exec")
