@@ -58,17 +58,20 @@ def phase_count(genes: Iterable[str]) -> int:
     return max((split_gene(gene)[0] for gene in genes), default=0) + 1
 
 
+def by_phase(deltas: Mapping[str, float]) -> list[Deltas]:
+    """A genome (canonical order) as one {cluster id: delta} map per answer phase."""
+    maps: list[Deltas] = [{} for _ in range(phase_count(deltas))]
+    for gene, value in deltas.items():
+        phase, cid = split_gene(gene)
+        maps[phase][cid] = value
+    return maps
+
+
 def deltas_document(deltas: Mapping[str, float]) -> dict[str, object]:
     """What a deltas file holds for a genome (canonical order): the plain {cluster id: float}
     map of one phase, or {"phases": [{cluster id: float}, ...]}."""
-    phases = phase_count(deltas)
-    if phases == 1:
-        return dict(deltas)
-    by_phase: list[dict[str, float]] = [{} for _ in range(phases)]
-    for gene, value in deltas.items():
-        phase, cid = split_gene(gene)
-        by_phase[phase][cid] = value
-    return {PHASES_KEY: by_phase}
+    maps = by_phase(deltas)
+    return dict(maps[0]) if len(maps) == 1 else {PHASES_KEY: maps}
 
 
 # Logit units. Beyond this a cluster is already forced in or out against any real logit gap,
