@@ -53,6 +53,14 @@ def split_gene(gene: str) -> tuple[int, str]:
     return (int(phase) if phase else 0), cid
 
 
+def visiting_order(genes: Sequence[str]) -> list[str]:
+    """The genome's ids in the order a round robin over single-delta moves visits them:
+    cluster by cluster, each in every phase back to back (EOS in every phase first), so
+    that the phases of one cluster are tried together rather than K moves apart. With one
+    phase, the canonical order."""
+    return sorted(genes, key=lambda gene: _order(gene)[::-1])
+
+
 def phase_count(genes: Iterable[str]) -> int:
     """How many answer phases a genome's ids span."""
     return max((split_gene(gene)[0] for gene in genes), default=0) + 1

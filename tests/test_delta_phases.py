@@ -22,6 +22,7 @@ from compressor_2.clusters.tokens import AnswerTokens
 from compressor_2.common import ConfigError
 from compressor_2.deltas import (
     by_phase, canonical_ids, deltas_document, gene_ids, load_deltas, phase_count, split_gene, to_dict, to_list,
+    visiting_order,
 )
 from compressor_2.engines.transformers_engine import TransformersEngine
 from compressor_2.fitness import Record
@@ -32,7 +33,7 @@ from compressor_2.reflector.validation import ValidatingReflector, parse_vector
 from compressor_2.resume.identity import changes, run_identity
 from compressor_2.strategies.archive_ops import batch_target, issues_of
 from compressor_2.verdict.simpler import simpler_options
-from tests.test_evolution_support import config_for, read_json, write_config
+from tests.test_evolution_support import config_for, query, read_json, write_config
 
 CLUSTERS = ["0", "1", "2", "10"]
 DESCRIPTIONS = {"0": {"description": "EOS"}, "1": {"description": "numbers"}, "2": {"description": "words"}}
@@ -51,6 +52,9 @@ def test_genome_ids_are_the_cluster_ids_for_one_phase_and_phase_major_pairs_for_
     assert canonical_ids(reversed(genes)) == genes and canonical_ids(["10", "2", "0"]) == ["0", "2", "10"]
     assert [split_gene(g) for g in ("3", "2:10")] == [(0, "3"), (2, "10")]
     assert [phase_count(gene_ids(CLUSTERS, p)) for p in (1, 2, 3)] == [1, 2, 3]
+    # Round robins visit a cluster's phases back to back; one phase keeps the canonical order.
+    assert visiting_order(genes) == ["0:0", "1:0", "0:1", "1:1", "0:2", "1:2", "0:10", "1:10"]
+    assert visiting_order(CLUSTERS) == CLUSTERS
     genome = to_dict([float(i) for i in range(8)], genes)
     assert to_list(genome) == [float(i) for i in range(8)]  # the flat P*K tuple an engine gets
     assert by_phase(genome) == [{"0": 0.0, "1": 1.0, "2": 2.0, "10": 3.0}, {"0": 4.0, "1": 5.0, "2": 6.0, "10": 7.0}]
@@ -241,7 +245,8 @@ STRATEGIES = {
     "random": {"STRATEGY_RANDOM": "y", "RANDOM_BATCHES": "2", "RANDOM_BATCH_SIZE": "2"},
     "cmaes": {"STRATEGY_CMAES": "y", "CMAES_GENERATIONS": "2", "CMAES_POPULATION": "2"},
     "archive": {"STRATEGY_ARCHIVE": "y", "ARCHIVE_ITERATIONS": "2", "ARCHIVE_PARENTS_PER_ITERATION": "1"},
-    "gepa": {"STRATEGY_GEPA": "y", "MAX_METRIC_CALLS": "30", "GEPA_MINIBATCH_SIZE": "2"},
+    "gepa": {"STRATEGY_GEPA": "y", "MAX_METRIC_CALLS": "30", "GEPA_VALSET_SIZE": "2", "GEPA_MINIBATCH_SIZE": "1",
+             "GEPA_VAL_OVERLAP_FLOOR": "1", "GEPA_MERGE_SUBSAMPLE": "2"},
 }
 
 
@@ -275,6 +280,9 @@ def test_a_two_phase_ga_run_resumed_ends_as_an_uninterrupted_one_and_its_files_r
     assert read_json(whole / "evolution_state.json") == read_json(split / "evolution_state.json")
     clusters = canonical_ids(read_json(shared / "clusters" / "cluster_descriptions.json"))
     best = two_phase_best(split, clusters)
+    # The round robin reaches EOS in phase 1 second: a cluster's phases back to back.
+    notes = [scratchpad for (scratchpad,) in query(split, "SELECT scratchpad FROM candidates")]
+    assert any("moved cluster 1:0" in note for note in notes), notes
     # Every reader takes the file: evaluate --deltas, generate-processor, export, show.
     config = write_config(tmp_path / "split", shared, tiny_model_dir, **TWO_PHASES)
     report = tmp_path / "evaluation.json"

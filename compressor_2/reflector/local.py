@@ -214,7 +214,7 @@ class LocalProposer:
             direction, reason, strength = self._direction(single, _latest([o for o in outcomes if o.cluster == cid]))
             evidence.append((cid, direction, reason, strength))
         ranked = sorted(evidence, key=lambda e: (not is_eos(e[0]), -e[3]))  # stable: cluster order on ties
-        moved = sum(map(is_eos, request.deltas)) + VECTOR_MOVES - 1
+        moved = VECTOR_MOVES + max(sum(map(is_eos, request.deltas)) - 1, 0)  # EOS of every other phase too
         rng = random.Random(f"{self.seed}/{request.generation}/{request.child}/vector/{attempt}")
         deltas = dict(request.deltas)
         mean_tokens = sum(r.tokens for r in request.records) / len(request.records)
