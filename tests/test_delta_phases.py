@@ -271,6 +271,21 @@ def test_every_strategy_evolves_two_phases(strategy, tmp_path, shared, tiny_mode
 
 @pytest.mark.slow
 @needs_phased_engine
+def test_a_two_phase_random_search_resumed_ends_as_an_uninterrupted_one(tmp_path, shared, tiny_model_dir):
+    from tests.test_evolution_support import whole_and_resumed
+
+    symbols = {**TWO_PHASES, **STRATEGIES["random"]}
+    whole, split = whole_and_resumed(tmp_path, shared, tiny_model_dir, symbols, {"RANDOM_BATCHES": "1"})
+    assert read_json(whole / "deltas_best.json") == read_json(split / "deltas_best.json")
+    assert read_json(whole / "random_state.json") == read_json(split / "random_state.json")
+    genomes = query(split, "SELECT deltas FROM candidates")
+    assert len(genomes) == 5 and all(len(json.loads(g)) == 2 * len(read_json(shared / "clusters" /
+                                                                            "cluster_descriptions.json"))
+                                     for (g,) in genomes)
+
+
+@pytest.mark.slow
+@needs_phased_engine
 def test_a_two_phase_ga_run_resumed_ends_as_an_uninterrupted_one_and_its_files_read_back(
         tmp_path, shared, tiny_model_dir, capsys):
     from tests.test_evolution_support import whole_and_resumed
