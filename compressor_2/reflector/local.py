@@ -21,8 +21,8 @@ With answer phases (CONFIG_DELTA_PHASES > 1) the target is a (phase, cluster) pa
 the lineage's memory is kept per pair, so two phases of one cluster learn apart.
 
 Full-vector mode (CONFIG_MUTATION_SCOPE="vector") applies the same rule to EOS (in every
-phase) and the two other clusters with the strongest evidence at once, and returns its notes as the
-summary the driver appends to the scratchpad. As the selector (CONFIG_SELECTION="llm")
+phase) and the two other clusters with the strongest evidence at once, and returns its
+notes as the summary the driver appends to the scratchpad. As the selector (CONFIG_SELECTION="llm")
 it picks the fittest member (performance), the one farthest from it in delta space
 among the better half (diversity), and the largest gain over its parent or else the
 most correct among the longer answers (potential).

@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from compressor_2.deltas import by_phase, phase_count
+from compressor_2.deltas import phase_count, split_gene
 from compressor_2.fitness import Record
 from compressor_2.reflector.base import (
     MergeRequest, Message, MutationRequest, PopulationMember, SelectionRequest, VectorRequest,
@@ -272,11 +272,12 @@ def descriptions_block(descriptions: Mapping[str, Any], deltas: Mapping[str, flo
 
 def deltas_json(deltas: Mapping[str, float], indent: int | None = None) -> str:
     """A genome's deltas as JSON: by id, grouped by answer phase when it has several."""
-    maps = by_phase(deltas)
-    if len(maps) == 1:
+    if phase_count(deltas) == 1:
         return json.dumps(dict(deltas), indent=indent)
-    return json.dumps({f"phase {p}": {f"{p}:{cid}": v for cid, v in m.items()} for p, m in enumerate(maps)},
-                      indent=indent)
+    grouped: dict[str, dict[str, float]] = {}
+    for gene, value in deltas.items():
+        grouped.setdefault(f"phase {split_gene(gene)[0]}", {})[gene] = value
+    return json.dumps(grouped, indent=indent)
 
 
 def mutation_messages(request: MutationRequest, descriptions: Mapping[str, Any],
