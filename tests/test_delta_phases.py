@@ -314,3 +314,35 @@ def test_a_two_phase_ga_run_resumed_ends_as_an_uninterrupted_one_and_its_files_r
     one_phase = write_config(tmp_path, shared, tiny_model_dir)
     assert main(["evaluate", "--config", str(one_phase), "--deltas", str(split / "deltas_best.json")]) == 2
     assert "holds deltas for 2 answer phases, but CONFIG_DELTA_PHASES is 1" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@needs_phased_engine
+def test_a_two_phase_run_with_the_openai_reflector_reads_and_proposes_every_pair(tmp_path, shared, tiny_model_dir,
+                                                                                  monkeypatch):
+    from compressor_2.commands.evolve import evolve
+    from tests.fakes.openai_server import FakeOpenAIServer, chat_completion
+
+    monkeypatch.setenv("C2_TEST_REFLECTOR_KEY", "sk-phases")
+    asked: list[list[str]] = []
+
+    def answer(body: dict) -> tuple[int, object]:
+        fmt, user = body["response_format"]["json_schema"], body["messages"][1]["content"]
+        if fmt["name"] != "reflector_vector":
+            return 200, chat_completion('{"scratchpad": "merged"}')
+        shown = json.loads(user.split("(baseline to adjust from)\n")[1].split("\n\n## Evolving")[0])
+        assert list(shown) == ["phase 0", "phase 1"] and "## Answer phases" in user
+        current = {gene: value for phase in shown.values() for gene, value in phase.items()}
+        asked.append(fmt["schema"]["properties"]["deltas"]["required"])
+        # EOS up after the first figure only: what the search could not say with one vector.
+        return 200, chat_completion(json.dumps({"deltas": {**current, "1:0": current["1:0"] + 1.0}, "summary": "s"}))
+
+    with FakeOpenAIServer(answer) as server:
+        config = config_for(tmp_path, shared, tiny_model_dir, **TWO_PHASES, REFLECTOR_OPENAI="y",
+                            REFLECTOR_BASE_URL=f'"{server.base_url}"', REFLECTOR_API_KEY_ENV='"C2_TEST_REFLECTOR_KEY"',
+                            REFLECTOR_MAX_RETRIES="0", MUTPB='"1"', MUTATION_SCOPE='"vector"')
+        evolve(config)
+    clusters = canonical_ids(read_json(shared / "clusters" / "cluster_descriptions.json"))
+    assert asked and all(ids == gene_ids(clusters, 2) for ids in asked)
+    states = read_json(config.output_dir / "evolution_state.json")["population"]
+    assert any(m["deltas"]["1:0"] > 0 and m["deltas"]["0:0"] == 0 for m in states)
