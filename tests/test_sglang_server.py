@@ -252,3 +252,14 @@ def test_ctrl_c_in_the_client_stops_the_server_it_launched(tmp_path: Path):
         client.kill()
     assert "KeyboardInterrupt" in stderr
     assert process_gone(server_pid)
+
+
+@pytest.mark.parametrize("phases, delayed", [(1, False), (2, True)])
+def test_a_server_for_deltas_by_phase_samples_after_appending_the_last_token(config_for, phases: int,
+                                                                            delayed: bool):
+    # A phased row reads its output ids: SGLang's overlap scheduler must not run the processor
+    # before the previous token is appended, which SGLANG_ENABLE_DELAY_SAMPLE=1 ensures.
+    config = dataclasses.replace(config_for(), delta_phases=phases)
+    with SGLangServer(config) as server:
+        environ = Path(f"/proc/{server.pid}/environ").read_bytes().split(b"\0")
+    assert (b"SGLANG_ENABLE_DELAY_SAMPLE=1" in environ) is delayed

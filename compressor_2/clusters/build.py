@@ -290,7 +290,7 @@ def _sync_initial_deltas(paths: ArtifactPaths, cluster_ids: tuple[str, ...], dig
             print(f"wrote all-zero initial deltas to {path}")
         return {"path": str(path), "sha256": file_sha256(path) or ""}
     try:
-        load_deltas(path, cluster_ids)
+        load_deltas(path, cluster_ids, phases=None)  # the run's CONFIG_DELTA_PHASES is evolve's to check
     except ConfigError as exc:
         print(f"warning: {exc} (the clusters are now {', '.join(cluster_ids)}); evolve will refuse it")
     return None

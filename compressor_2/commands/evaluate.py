@@ -15,7 +15,7 @@ from tqdm import tqdm
 from compressor_2.common import atomic_write_json
 from compressor_2.config import Config
 from compressor_2.data import Example
-from compressor_2.deltas import canonical_ids, check_fingerprint, load_deltas, to_dict, to_list
+from compressor_2.deltas import check_fingerprint, deltas_document, gene_ids, load_deltas, to_dict, to_list
 from compressor_2.fitness import Evaluation, Evaluator
 
 
@@ -38,10 +38,12 @@ def run_evaluate(config: Config, deltas_path: Path | None, indices: str | None,
     check_output_file(out, option, config, {"--deltas": deltas_path}, kind="JSON file", example="evaluation.json")
     check_cluster_outputs(config)
     clusters = build_clusters(config)
-    ids = canonical_ids(clusters.cluster_ids)
+    # The genome the engine steers with: CONFIG_DELTA_PHASES vectors (a plain file in each).
+    ids = gene_ids(clusters.cluster_ids, config.delta_phases)
     if deltas_path is not None:
         check_fingerprint(deltas_path, cluster_map_digest(clusters), force)
-    deltas = to_list(load_deltas(deltas_path, ids)) if deltas_path is not None else [0.0] * len(ids)
+    deltas = (to_list(load_deltas(deltas_path, clusters.cluster_ids, config.delta_phases)) if deltas_path is not None
+              else [0.0] * len(ids))
     examples = examples_from_config(config, indices)
     judge = make_judge(config)
     engine = make_engine(config, clusters, {e.id: e.prompt for e in examples})
@@ -102,7 +104,7 @@ def report(config: Config, ids: Sequence[str], evaluation: Evaluation,
     return {
         "model_path": config.model_path,
         "engine": config.engine,
-        "deltas": to_dict(evaluation.deltas, ids),
+        "deltas": deltas_document(to_dict(evaluation.deltas, ids)),
         "summary": {
             "examples": len(evaluation.records),
             "mean_tokens": evaluation.mean_tokens,

@@ -40,7 +40,7 @@ from compressor_2.commands.run_directory import check_cluster_outputs, check_out
 from compressor_2.common import ConfigError, remove_orphans, say, signals_ignored, stop_on_first_signal
 from compressor_2.config import Config
 from compressor_2.data import Example
-from compressor_2.deltas import Deltas, check_fingerprint, fingerprint_path, load_deltas
+from compressor_2.deltas import Deltas, check_fingerprint, fingerprint_path, gene_ids, load_deltas
 from compressor_2.fitness import Evaluator, answer_context
 from compressor_2.outputs import FRONT_PLOT
 from compressor_2.reflector import PROMPT_DIR
@@ -110,14 +110,15 @@ def preflight(config: Config) -> Iterator[Inputs]:
 
 
 def _initial_deltas(config: Config, cluster_ids: tuple[str, ...], digest: str) -> Deltas:
-    """CONFIG_INITIAL_DELTAS_PATH, checked against the clusters (`digest`); all zero when it
-    is absent, as the cluster build then writes it (in the session's `begin`)."""
+    """CONFIG_INITIAL_DELTAS_PATH, checked against the clusters (`digest`), as a genome of
+    CONFIG_DELTA_PHASES phases (a plain map in every phase); all zero when it is absent, as
+    the cluster build then writes it (in the session's `begin`)."""
     path = config.initial_deltas_path
     if not path.exists():
-        return {cid: 0.0 for cid in cluster_ids}
+        return {gene: 0.0 for gene in gene_ids(cluster_ids, config.delta_phases)}
     check_fingerprint(path, digest, force=False, override=f"delete '{fingerprint_path(path)}' to start from these "
                       "deltas anyway")
-    return load_deltas(path, list(cluster_ids))
+    return load_deltas(path, list(cluster_ids), config.delta_phases)
 
 
 @contextlib.contextmanager
@@ -162,7 +163,7 @@ def services(config: Config, inputs: Inputs, archive: RunArchive, identity: dict
     from compressor_2.judges import make_judge
     from compressor_2.steering.generate import model_classes, write_processor
 
-    ids = list(inputs.clusters.cluster_ids)
+    ids = gene_ids(inputs.clusters.cluster_ids, config.delta_phases)
     # The search's and the checks' evaluators differ only in where answers are kept.
     evaluator_on = functools.partial(Evaluator, engine, make_judge(config), inputs.examples, config.lambda_shortness,
                                      config.lambda_correctness, config.shortness_scale, context=inputs.context,
@@ -228,13 +229,15 @@ def final_line(reason: str, best: BestEver) -> str:
 
 def answer_settings(config: Config, cluster_fingerprint: str) -> dict[str, Any]:
     """Everything besides the genome and the example that changes an answer or its verdict;
-    the prompt template and evidence cap are in each example's key."""
-    return {
+    the prompt template and evidence cap are in each example's key. The answer phases only
+    when there are several, so that a one-phase run keeps the context it always had."""
+    settings: dict[str, Any] = {
         "model": config.model_path, "engine": config.engine, "clusters": cluster_fingerprint,
         "max_new_tokens": config.max_new_tokens, "temperature": config.temperature,
         "judge": config.judge, "tolerance": config.correctness_tolerance,
         "judge_model": config.judge_model if config.judge != "numeric" else "",
     }
+    return settings if config.delta_phases == 1 else {**settings, "delta_phases": config.delta_phases}
 
 
 def open_archive(out: Path, config: Config, inputs: RunInputs, context: str) -> tuple[RunArchive, dict[str, str]]:

@@ -20,7 +20,7 @@ from compressor_2.archive import ARCHIVE_FILE, Candidate, RunArchive
 from compressor_2.commands.run_directory import check_output_file
 from compressor_2.common import ConfigError, atomic_write_json
 from compressor_2.config import Config
-from compressor_2.deltas import fingerprint_path, recorded_fingerprint, write_fingerprint
+from compressor_2.deltas import deltas_document, fingerprint_path, recorded_fingerprint, write_fingerprint
 from compressor_2.run import DELTAS_BEST
 from compressor_2.verdict import (
     HELDOUT,
@@ -60,7 +60,7 @@ def run_export(config: Config, max_drop: float | None, candidate_id: int | None,
         check_output_file(path, "export --out", config, kind=kind, example="deltas_fast.json")
     fingerprint = run_fingerprint(config)  # read before anything is written: a broken sidecar writes nothing
     print(why)
-    atomic_write_json(deltas_path, dict(candidate.deltas))
+    atomic_write_json(deltas_path, deltas_document(candidate.deltas))
     write_fingerprint(deltas_path, fingerprint)
     # The processor is checked against the current clusters: deltas evolved on others are
     # refused (unless --force) rather than deployed to steer the wrong tokens.

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import json
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from compressor_2.archive import ARCHIVE_FILE, Answer, Candidate, CheckResult, CheckStore, RunArchive, genome_key
 from compressor_2.common import ConfigError, as_float, shown
 from compressor_2.config import Config
+from compressor_2.deltas import by_phase
 from compressor_2.fitness import example_key
 from compressor_2.outputs import status
 from compressor_2.strategies.archive import VIABILITY_META
@@ -237,7 +238,7 @@ def candidate_report(config: Config, archive: RunArchive, cid: int) -> str:
     lines += ["parents:"] + [f"  {describe(p)}" for p in _lookup(archive, candidate.parents)] or ["  (none)"]
     children = lineage.children(cid)
     lines += [f"children: {len(children)}" + (f" ({', '.join(f'#{c}' for c in children)})" if children else "")]
-    lines += ["", "deltas: " + "  ".join(f"{k}:{v:+.3f}" for k, v in candidate.deltas.items())]
+    lines += ["", *deltas_lines(candidate.deltas)]
     lines += ["scratchpad:", textwrap.indent(candidate.scratchpad.strip() or "(empty)", "  ")]
     chosen = [(g, category, reasoning) for g, c, category, reasoning in archive.selections() if c == cid]
     if chosen:
@@ -250,6 +251,14 @@ def candidate_report(config: Config, archive: RunArchive, cid: int) -> str:
             f"{c.latency:.2f}s)" for c in calls]
     lines += ["", *answers_side_by_side(config, archive, candidate)]
     return "\n".join(lines)
+
+
+def deltas_lines(deltas: Mapping[str, float]) -> list[str]:
+    """A genome's deltas by cluster id: one line, or one per answer phase."""
+    maps = by_phase(deltas)
+    if len(maps) == 1:
+        return ["deltas: " + "  ".join(f"{k}:{v:+.3f}" for k, v in deltas.items())]
+    return [f"deltas, phase {p}: " + "  ".join(f"{k}:{v:+.3f}" for k, v in m.items()) for p, m in enumerate(maps)]
 
 
 def answers_side_by_side(config: Config, archive: RunArchive, candidate: Candidate) -> list[str]:

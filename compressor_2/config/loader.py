@@ -109,6 +109,7 @@ class Config:
     # one's, and those every config sets (the GA's). `config.<name>` reads them too.
     strategy_options: Mapping[str, Any]
     seed: int  # every strategy's RNG
+    delta_phases: int  # answer phases, one delta vector each (CONFIG_DELTA_PHASES); 1: one vector
     # Clustering
     embedding_model: str
     pca_components: int
@@ -316,4 +317,5 @@ def _search(r: Reader, checked: dict[str, Any], strategy: str, options: dict[str
         max_idle_steps=r.integer("MAX_IDLE_STEPS"),
         strategy_options={**options, **(registry.read((strategy,), r) if strategy not in options else {})},
         seed=r.integer("SEED"),
+        delta_phases=r.integer("DELTA_PHASES"),
     )

@@ -22,13 +22,19 @@ def _transformers(config: Config, clusters: ClusterSet, prompts: Mapping[str, st
     from compressor_2.engines.transformers_engine import TransformersEngine
 
     del prompts
-    return TransformersEngine.from_config(config, clusters)
+    return TransformersEngine.from_config(config, clusters, **phases(config))
 
 
 def _sglang(config: Config, clusters: ClusterSet, prompts: Mapping[str, str]) -> Engine:
     from compressor_2.engines.sglang.engine import SGLangEngine
 
-    return SGLangEngine.from_config(config, clusters, prompts=prompts)
+    return SGLangEngine.from_config(config, clusters, prompts=prompts, **phases(config))
+
+
+def phases(config: Config) -> dict[str, int]:
+    """The engine's `phases` argument (its deltas: that many vectors, phase-major), passed only
+    when CONFIG_DELTA_PHASES asks for several: one phase is how every engine always ran."""
+    return {"phases": config.delta_phases} if config.delta_phases > 1 else {}
 
 
 ENGINES: dict[str, EngineFactory] = {"transformers": _transformers, "sglang": _sglang}

@@ -16,9 +16,13 @@ whether the judge found it correct, and how long it is relative to its gold answ
   paid off and halves after one that did not, read back from the scratchpad notes, so
   each lineage settles near the value that works for it.
 
-Full-vector mode (CONFIG_MUTATION_SCOPE="vector") applies the same rule to EOS and the
-two other clusters with the strongest evidence at once, and returns its notes as the
-summary the driver appends to the scratchpad. As the selector (CONFIG_SELECTION="llm")
+With answer phases (CONFIG_DELTA_PHASES > 1) the target is a (phase, cluster) pair, its id
+"phase:cluster": the rules above read the cluster (EOS in every phase is a length knob),
+the lineage's memory is kept per pair, so two phases of one cluster learn apart.
+
+Full-vector mode (CONFIG_MUTATION_SCOPE="vector") applies the same rule to EOS (in every
+phase) and the two other clusters with the strongest evidence at once, and returns its
+notes as the summary the driver appends to the scratchpad. As the selector (CONFIG_SELECTION="llm")
 it picks the fittest member (performance), the one farthest from it in delta space
 among the better half (diversity), and the largest gain over its parent or else the
 most correct among the longer answers (potential).
@@ -40,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from compressor_2.clusters.tokens import AnswerTokens
-from compressor_2.deltas import clamp
+from compressor_2.deltas import clamp, split_gene
 from compressor_2.reflector.base import (
     MergeRequest, Message, MutationRequest, Reply, SelectionRequest, Usage, VectorRequest,
 )
@@ -53,9 +57,10 @@ JITTER = (0.8, 1.25)
 VECTOR_MOVES = 3  # clusters a full-vector proposal moves: EOS and the two with the strongest evidence
 MEMORY_STRENGTH = 3.0  # a lineage's verdict on a move outweighs any share difference (those sum to at most 2)
 
-_MOVE = re.compile(r"^g(\d+): moved cluster (\d+) (up|down) from \S+ to \S+ \(step ([0-9.]+)\)"
+_GENE = r"(\d+(?::\d+)?)"  # a cluster id, or with answer phases "phase:cluster"
+_MOVE = re.compile(rf"^g(\d+): moved cluster {_GENE} (up|down) from \S+ to \S+ \(step ([0-9.]+)\)"
                    r".*before: fitness (-?[0-9.]+)")
-_OUTCOME = re.compile(r"^g(\d+): moving cluster (\d+) (up|down) (paid off|did not pay off|made no difference)")
+_OUTCOME = re.compile(rf"^g(\d+): moving cluster {_GENE} (up|down) (paid off|did not pay off|made no difference)")
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,11 @@ class Outcome:
     cluster: str
     direction: int
     verdict: str
+
+
+def is_eos(gene: str) -> bool:
+    """Whether a genome id is the EOS cluster's (in whichever answer phase)."""
+    return split_gene(gene)[1] == EOS_CLUSTER
 
 
 def note_generation(line: str) -> int:
@@ -183,7 +193,7 @@ class LocalProposer:
     # -- full-vector mutation (seed 001 §4) ---------------------------------------------
 
     def vector_mutation(self, request: VectorRequest, messages: list[Message], attempt: int) -> Reply:
-        """Moves EOS and the VECTOR_MOVES - 1 clusters with the strongest evidence at once,
+        """Moves EOS (in every phase) and the VECTOR_MOVES - 1 clusters with the strongest evidence at once,
         each the way the single-cluster rule would, and returns the notes as the summary the
         driver appends to the scratchpad."""
         del messages
@@ -203,12 +213,13 @@ class LocalProposer:
                                      request.fitness, request.records)
             direction, reason, strength = self._direction(single, _latest([o for o in outcomes if o.cluster == cid]))
             evidence.append((cid, direction, reason, strength))
-        ranked = sorted(evidence, key=lambda e: (e[0] != EOS_CLUSTER, -e[3]))  # stable: cluster order on ties
+        ranked = sorted(evidence, key=lambda e: (not is_eos(e[0]), -e[3]))  # stable: cluster order on ties
+        moved = VECTOR_MOVES + max(sum(map(is_eos, request.deltas)) - 1, 0)  # EOS of every other phase too
         rng = random.Random(f"{self.seed}/{request.generation}/{request.child}/vector/{attempt}")
         deltas = dict(request.deltas)
         mean_tokens = sum(r.tokens for r in request.records) / len(request.records)
         correct = sum(r.is_correct for r in request.records) / len(request.records)
-        for cid, direction, reason, _ in ranked[:VECTOR_MOVES]:
+        for cid, direction, reason, _ in ranked[:moved]:
             current = deltas[cid]
             new = self._next_value(current, direction, step * rng.uniform(*JITTER))
             if new == current:
@@ -266,7 +277,7 @@ class LocalProposer:
         elif now < before:
             step = max(move.step * SHRINK, low)
             verdict = f"did not pay off (fitness {before:.4f} -> {now:.4f}), so the step shrinks to {step:.4f}"
-            if move.cluster != EOS_CLUSTER:  # EOS follows the cut-short evidence instead
+            if not is_eos(move.cluster):  # EOS follows the cut-short evidence instead
                 verdict += f" and cluster {move.cluster} goes the other way next time"
         else:
             step = move.step
@@ -280,7 +291,7 @@ class LocalProposer:
         correct = np.array([r.is_correct for r in records], dtype=bool)
         tokens = np.array([r.tokens for r in records], dtype=float)
         gold = np.array([max(self.tokens.length(r.gold), 1) for r in records], dtype=float)
-        if request.target == EOS_CLUSTER:
+        if is_eos(request.target):
             cut_short = int(np.sum(~correct & (tokens < gold)))
             if cut_short:
                 return -1, (f"{cut_short} incorrect answer(s) are shorter than their gold answer, "
@@ -292,7 +303,7 @@ class LocalProposer:
                 return memory.direction, f"moving it {way} paid off last time", MEMORY_STRENGTH
             return -memory.direction, f"moving it {way} did not pay off last time", MEMORY_STRENGTH
 
-        k = int(request.target)
+        k = int(split_gene(request.target)[1])
         histograms = [self.tokens.histogram(r.answer) for r in records]
         shares = np.array([h[k] / max(h.sum(), 1) for h in histograms])
         if not shares.any():

@@ -10,6 +10,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from compressor_2.deltas import phase_count, split_gene
 from compressor_2.fitness import Record
 from compressor_2.reflector.base import (
     MergeRequest, Message, MutationRequest, PopulationMember, SelectionRequest, VectorRequest,
@@ -111,6 +112,22 @@ appended and served back to you in later iterations. Output only a JSON object w
 to the evolving summary). No other commentary."""
 
 FIRST_SUMMARY = "First iteration; no prior learnings."
+
+# With answer phases (CONFIG_DELTA_PHASES > 1), after the cluster descriptions of the
+# mutation and full-vector prompts; a one-phase run's prompts are the seeds' verbatim.
+PHASES_NOTE = """
+
+## Answer phases
+This run steers with {count} delta vectors, one per phase of the answer: a response's phase is read \
+from the tokens it has generated so far. Every delta id below and in your output is "phase:cluster" \
+(e.g. "1:0" is cluster 0 in phase 1), not a bare cluster id.
+{phases}"""
+FIRST_FIGURE = "- phase 0: up to the end of the response's first figure (digit tokens, possibly joined by , . %)"
+PHASES = {
+    2: (FIRST_FIGURE, "- phase 1: after the first figure"),
+    3: (FIRST_FIGURE, "- phase 1: after the first figure, until a line break",
+        "- phase 2: from the first line break after the first figure on"),
+}
 
 SELECTION_SYSTEM = (
     "You select which candidates of a genetic algorithm carry forward. Each candidate is a vector of "
@@ -244,11 +261,30 @@ def feedback_block(feedback: Sequence[str]) -> str:
         f"- {line}" for line in feedback)
 
 
+def descriptions_block(descriptions: Mapping[str, Any], deltas: Mapping[str, float]) -> str:
+    """The cluster descriptions, and with answer phases what each phase is."""
+    shown = json.dumps(descriptions, indent=2, ensure_ascii=False)
+    count = phase_count(deltas)
+    if count == 1:
+        return shown
+    return shown + substitute(PHASES_NOTE, {"count": str(count), "phases": "\n".join(PHASES[count])})
+
+
+def deltas_json(deltas: Mapping[str, float], indent: int | None = None) -> str:
+    """A genome's deltas as JSON: by id, grouped by answer phase when it has several."""
+    if phase_count(deltas) == 1:
+        return json.dumps(dict(deltas), indent=indent)
+    grouped: dict[str, dict[str, float]] = {}
+    for gene, value in deltas.items():
+        grouped.setdefault(f"phase {split_gene(gene)[0]}", {})[gene] = value
+    return json.dumps(grouped, indent=indent)
+
+
 def mutation_messages(request: MutationRequest, descriptions: Mapping[str, Any],
                       answer_max_chars: int) -> list[Message]:
     user = substitute(MUTATION_USER, {
-        "cluster_descriptions_json": json.dumps(descriptions, indent=2, ensure_ascii=False),
-        "current_deltas_json": json.dumps(dict(request.deltas), indent=2),
+        "cluster_descriptions_json": descriptions_block(descriptions, request.deltas),
+        "current_deltas_json": deltas_json(request.deltas, indent=2),
         "current_scratchpad": show_scratchpad(request.scratchpad),
         "target_cluster_id": request.target,
         "all_responses_with_correctness": responses_block(request.records, answer_max_chars)
@@ -260,8 +296,8 @@ def mutation_messages(request: MutationRequest, descriptions: Mapping[str, Any],
 def vector_messages(request: VectorRequest, descriptions: Mapping[str, Any],
                     answer_max_chars: int) -> list[Message]:
     user = substitute(VECTOR_USER, {
-        "cluster_descriptions_json": json.dumps(descriptions, indent=2, ensure_ascii=False),
-        "current_deltas_json": json.dumps(dict(request.deltas), indent=2),
+        "cluster_descriptions_json": descriptions_block(descriptions, request.deltas),
+        "current_deltas_json": deltas_json(request.deltas, indent=2),
         "cot_summary": request.scratchpad if request.scratchpad.strip() else FIRST_SUMMARY,
         "all_responses_with_correctness": responses_block(request.records, answer_max_chars)
         + feedback_block(request.feedback),
@@ -282,7 +318,7 @@ def member_block(rank: int, member: PopulationMember) -> str:
             f"   fitness {show_fitness(member.fitness)}; {member.mean_tokens:.1f} tokens on average; "
             f"{100 * member.correctness:.1f}% correct\n"
             f"   made by: {made}\n"
-            f"   deltas: {json.dumps(dict(member.deltas))}\n"
+            f"   deltas: {deltas_json(member.deltas)}\n"
             f"   scratchpad: {notes or EMPTY_SCRATCHPAD}")
 
 

@@ -59,6 +59,9 @@ class Setting:
     symbols: tuple[str, ...]  # the Kconfig symbols it reads; "STRATEGY_*" stands for a choice's entries
     value: Value
     may_change: str = ""  # what a change across a resume means; "" = refused
+    # Recorded only away from its default, so a run at the default records what runs did
+    # before the setting existed: a record without it stands for `absent`.
+    absent: str | None = None
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,9 @@ IDENTITY: tuple[Setting, ...] = (
     Setting("the initial deltas (what CONFIG_INITIAL_DELTAS_PATH holds)", ("INITIAL_DELTAS_PATH",),
             lambda _, i: _initial(i)),
     Setting("CONFIG_SEED", ("SEED",), lambda c, _: c.seed),
+    # The genome's shape: P delta vectors, one per answer phase.
+    Setting("CONFIG_DELTA_PHASES", ("DELTA_PHASES",), lambda c, _: c.delta_phases if c.delta_phases > 1 else None,
+            absent="1"),
     # What every prompt of the search carries: the instruction's text while it is y.
     Setting(IN_SEARCH, ("INSTRUCTION_IN_SEARCH",),
             lambda c, _: c.compare_instruction if c.instruction_in_search else False),
@@ -247,14 +253,14 @@ def _text(value: object) -> str | None:
 def changes(recorded: Mapping[str, str], current: Mapping[str, str]) -> tuple[list[str], list[str]]:
     """(refused, allowed): a line per setting whose value differs, refused ones with the old
     and the new value, allowed ones with what the change means. A setting the record lacks
-    (a compressor_2 that did not know it started the run) is taken as it is now; one this
-    config does not use depends on one that changed (another strategy, judge or selection),
-    whose line says so."""
+    (a compressor_2 that did not know it started the run) is taken as it is now, unless the
+    setting says what its absence stands for (`absent`); one this config does not use
+    depends on one that changed (another strategy, judge or selection), whose line says so."""
     refused, allowed = [], []
     for s in every_setting():
-        if s.name not in recorded or s.name not in current or recorded[s.name] == current[s.name]:
+        old, new = recorded.get(s.name, s.absent), current.get(s.name, s.absent)
+        if old is None or new is None or old == new:
             continue
-        old, new = recorded[s.name], current[s.name]
         if s.may_change:
             allowed.append(f"{s.name}: {old} -> {new}: {s.may_change}")
         else:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from compressor_2.common import atomic_write_json, say
-from compressor_2.deltas import fingerprint_path, write_fingerprint
+from compressor_2.deltas import deltas_document, fingerprint_path, write_fingerprint
 from compressor_2.fitness import Evaluation
 from compressor_2.resume import Member
 
@@ -68,7 +68,7 @@ class BestEver:
     def _write(self) -> None:
         assert self.member is not None
         deltas_path = self.output_dir / DELTAS_BEST
-        atomic_write_json(deltas_path, self.member.deltas)
+        atomic_write_json(deltas_path, deltas_document(self.member.deltas))
         if self.cluster_fingerprint:
             write_fingerprint(deltas_path, self.cluster_fingerprint)
         self.write_processor(deltas_path, self.output_dir / PROCESSOR_BEST)

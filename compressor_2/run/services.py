@@ -35,7 +35,7 @@ class NewCandidate:
     passes its aggregate valset score there), and it is offered to the best-ever when it is
     kept with one. `generation` is the step column the candidate is recorded in."""
 
-    deltas: Mapping[str, float]  # canonical cluster order
+    deltas: Mapping[str, float]  # canonical order of the genome's ids (`Run.cluster_ids`)
     scratchpad: str
     operator: str
     parents: tuple[int, ...]
@@ -51,7 +51,9 @@ class Run:
     """What every strategy is given."""
 
     config: Config
-    cluster_ids: list[str]  # canonical order
+    # The genome's ids, canonical order: the cluster ids; with CONFIG_DELTA_PHASES > 1 one
+    # "phase:cluster" id per pair, phase-major (compressor_2/deltas.py).
+    cluster_ids: list[str]
     examples: tuple[Example, ...]  # the training pool
     archive: RunArchive
     evaluator: Evaluator

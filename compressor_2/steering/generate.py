@@ -143,7 +143,8 @@ def write_processor(clusters: ClusterSet, deltas_path: Path, out: Path, force: b
     """`generate_processor` over clusters already loaded (a run's, for each new best);
     returns what was written, in a line. Deltas by phase need `token_classes`."""
     check_fingerprint(deltas_path, cluster_map_digest(clusters), force)
-    deltas = to_list(load_deltas(deltas_path, clusters.cluster_ids))
+    # As many answer phases as the file holds: the deltas, phase-major.
+    deltas = to_list(load_deltas(deltas_path, clusters.cluster_ids, phases=None))
     if len(deltas) > len(clusters.cluster_ids) and token_classes is None:
         raise ConfigError(f"{deltas_path}: deltas by phase need the model's token classes")
     classes = token_classes() if token_classes is not None and len(deltas) > len(clusters.cluster_ids) else None

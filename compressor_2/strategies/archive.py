@@ -445,7 +445,7 @@ def cluster_generator(a: Archive, job: Job) -> Proposal | None:
     """Seed 000's single-cluster mutation of the cluster the sampled issue batch names
     (`batch_target`): any cluster, e.g. the one whose tokens pad the batch's answers most."""
     evaluation = a.evaluation(job.parent)
-    target = batch_target(job.issues)
+    target = batch_target(job.issues, a.run.cluster_ids)
     result = a.run.reflector.mutate(MutationRequest(
         job.iteration, job.index, target, dict(job.parent.deltas), job.parent.scratchpad, evaluation.fitness,
         a.request_records(job), job.parent.id, job.feedback))

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import networkx as nx
 import numpy as np
 
+from compressor_2.deltas import gene_ids, phase_count, split_gene
 from compressor_2.fitness import Record
 
 PADDED_RATIO = 2.0  # correct, but at least this many times the gold answer's tokens
@@ -97,8 +98,8 @@ def sample_parents(ids: Sequence[int], weights: Sequence[float], k: int, replace
 @dataclass(frozen=True)
 class Issue:
     """A trainable defect of one answer; `id` (example id + type) is stable across
-    candidates. `cluster` is the cluster it names: the delta a single-cluster move turns
-    for it (`named_cluster`)."""
+    candidates. `cluster` is the genome id it names: the delta a single-cluster move turns
+    for it (`named_cluster`, with answer phases in its phase: `issue_gene`)."""
 
     id: str
     type: str
@@ -127,11 +128,25 @@ def named_cluster(kind: str, tokens: int, gold_tokens: int, padding: Sequence[in
     return cluster_ids[int(np.argmax(counts))] if counts.any() else EOS_CLUSTER
 
 
+def issue_gene(kind: str, tokens: int, gold_tokens: int, cluster: str, phases: int) -> str:
+    """The genome id an issue's cluster moves with `phases` answer phases: the phase where the
+    issue's tokens sit, read from its type (not from the answer): a refusal (no figure at
+    all), an answer cut short and a wrong figure of about the gold's length are before the
+    answer's first complete figure (phase 0); padding comes after it (the last phase)."""
+    if phases == 1:
+        return cluster
+    before = kind in ("refusal", "cut_short") or (kind == "wrong" and tokens < PADDED_RATIO * gold_tokens)
+    return gene_ids([cluster], phases)[0 if before else -1]
+
+
 def issues_of(records: Sequence[Record], gold_tokens: Mapping[str, int],
-              padding: Callable[[Record], Sequence[int]], cluster_ids: Sequence[str]) -> list[Issue]:
+              padding: Callable[[Record], Sequence[int]], genes: Sequence[str]) -> list[Issue]:
     """refusal: incorrect, no figure and a refusal phrase; cut_short: incorrect and shorter
     than the gold answer; wrong: incorrect otherwise; padded: correct but at least
-    PADDED_RATIO x the gold's tokens. Each names its cluster (`named_cluster`)."""
+    PADDED_RATIO x the gold's tokens. Each names its cluster (`named_cluster`) among the
+    genome's ids `genes`, in its answer phase (`issue_gene`)."""
+    phases = phase_count(genes)
+    cluster_ids = [cid for phase, cid in map(split_gene, genes) if phase == 0]
     found = []
     for r in records:
         gold = max(gold_tokens[r.id], 1)
@@ -141,8 +156,8 @@ def issues_of(records: Sequence[Record], gold_tokens: Mapping[str, int],
             kind = "padded"
         else:
             continue
-        found.append(Issue(f"{r.id}:{kind}", kind, r, gold, named_cluster(kind, r.tokens, gold, padding(r),
-                                                                          cluster_ids)))
+        cluster = named_cluster(kind, r.tokens, gold, padding(r), cluster_ids)
+        found.append(Issue(f"{r.id}:{kind}", kind, r, gold, issue_gene(kind, r.tokens, gold, cluster, phases)))
     return found
 
 
@@ -162,11 +177,11 @@ def sample_issue_batch(issues: Sequence[Issue], weights: Mapping[str, float], k:
     return rng.sample(by_type[kind], min(k, len(by_type[kind])))
 
 
-def batch_target(batch: Sequence[Issue]) -> str:
+def batch_target(batch: Sequence[Issue], genes: Sequence[str] = (EOS_CLUSTER,)) -> str:
     """The cluster a batch names: the one most of its issues name (on a tie, the first drawn's);
-    EOS for an empty batch."""
+    for an empty batch EOS, in the last answer phase of the genome's ids `genes`."""
     if not batch:
-        return EOS_CLUSTER
+        return gene_ids([EOS_CLUSTER], phase_count(genes))[-1]
     named = Counter(i.cluster for i in batch)
     return max(named, key=lambda c: named[c])  # max keeps the first of equals: the first drawn
 

@@ -59,7 +59,7 @@ def read_options(r: Reader) -> CmaesOptions:
 
 
 def estimate(config: Config, n_examples: int) -> Cost:
-    dimension = config.num_clusters + 2  # the k-means clusters, EOS and numbers
+    dimension = (config.num_clusters + 2) * config.delta_phases  # k-means clusters, EOS and numbers, per phase
     return Cost("generation", n_examples, population_size(options_of(config, "cmaes"), dimension) * n_examples, 0.0)
 
 

@@ -46,7 +46,7 @@ from deap import base, tools
 from compressor_2.archive import SEED_STEP, Placement, RunArchive, Spot
 from compressor_2.common import answers_bar, ordinal, say
 from compressor_2.config import Config, Reader, require
-from compressor_2.deltas import to_dict, to_list
+from compressor_2.deltas import to_dict, to_list, visiting_order
 from compressor_2.reflector import PopulationMember, Selected, SelectionRequest, estimated_call_tokens
 from compressor_2.resume import (
     GLOBAL_RNGS,
@@ -211,7 +211,7 @@ class Ga:
         self.run, self.options = run, options_of(run.config, "ga")
         self.steps = self.options.ngen
         self.state_format = ga_format(run.out, run.cluster_ids, self.options.population_size)
-        self.rr_state = RRState(list(run.cluster_ids))
+        self.rr_state = RRState(visiting_order(run.cluster_ids))
         self.toolbox = base.Toolbox()  # the operators, registered once rr_idx holds its value (seed 000 §8)
         self.population: list[Individual] = []
 

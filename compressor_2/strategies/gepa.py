@@ -31,7 +31,7 @@ from compressor_2.archive import Candidate, Spot
 from compressor_2.common import ConfigError, say
 from compressor_2.config import MAX_LOGITS, Config, Reader, check_each_once, require
 from compressor_2.data import Example, parse_indices
-from compressor_2.deltas import to_list
+from compressor_2.deltas import to_list, visiting_order
 from compressor_2.fitness import Evaluation
 from compressor_2.reflector import MutationRequest, VectorRequest, estimated_call_tokens
 from compressor_2.resume import (
@@ -324,7 +324,7 @@ class Gepa(Strategy):
                 return None, "", ""
             return vector.deltas, append_summary(parent.scratchpad, vector.summary), "all clusters"
         k = self.state.next_component.get(str(parent.id), 0)
-        target = self.run.cluster_ids[k]
+        target = visiting_order(self.run.cluster_ids)[k]
         self.state.next_component[str(parent.id)] = (k + 1) % len(self.run.cluster_ids)
         result = self.run.reflector.mutate(MutationRequest(t, 0, target, deltas, parent.scratchpad, before.fitness,
                                                            records, parent.id))

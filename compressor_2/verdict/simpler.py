@@ -36,6 +36,7 @@ from compressor_2.clusters.tokens import AnswerTokens
 from compressor_2.common import ConfigError, as_float
 from compressor_2.config import Config
 from compressor_2.data import Example, instructed, uninstructed
+from compressor_2.deltas import split_gene
 from compressor_2.fitness import Evaluator, evaluate_with_bar, example_key
 from compressor_2.judges import JudgeItem
 from compressor_2.verdict.claims import HELDOUT, TRAINING, Arm, Claims, cap_context
@@ -142,7 +143,7 @@ def _tried(raw: object) -> Tried:
 class Simpler:
     """What CONFIG_COMPARE_* ask for, and what measuring it needs."""
 
-    eos_index: int  # cluster 0's place in a genome
+    eos_indices: tuple[int, ...]  # cluster 0's places in a genome: one per answer phase
     instruction: str  # "": none
     tokens: AnswerTokens  # to cut answers at a cap
     in_search: bool = False  # the run's prompts carry the instruction (CONFIG_INSTRUCTION_IN_SEARCH)
@@ -153,11 +154,13 @@ class Simpler:
         return (uninstructed if self.in_search else instructed)(examples, self.instruction)
 
 
-def simpler_options(config: Config, cluster_ids: Sequence[str], tokens: AnswerTokens) -> Simpler | None:
-    """What the config asks for; None with CONFIG_COMPARE_SIMPLE off."""
+def simpler_options(config: Config, genes: Sequence[str], tokens: AnswerTokens) -> Simpler | None:
+    """What the config asks for, over the genome's ids `genes`; None with CONFIG_COMPARE_SIMPLE
+    off. The EOS bias alone is the same bias in every answer phase."""
     if not config.compare_simple:
         return None
-    return Simpler(list(cluster_ids).index("0"), config.compare_instruction, tokens, config.instruction_in_search)
+    eos = tuple(i for i, gene in enumerate(genes) if split_gene(gene)[1] == "0")
+    return Simpler(eos, config.compare_instruction, tokens, config.instruction_in_search)
 
 
 def other_side_examples(config: Config, examples: Sequence[Example]) -> tuple[Example, ...]:
@@ -193,7 +196,8 @@ class Tools(Measuring):
 
     def genome(self, eos_delta: float) -> list[float]:
         genome = list(self.zeros)
-        genome[self.options.eos_index] = eos_delta
+        for index in self.options.eos_indices:
+            genome[index] = eos_delta
         return genome
 
     def search_eos(self) -> list[float]:

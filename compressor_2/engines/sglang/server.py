@@ -104,6 +104,9 @@ class SGLangServer:
         self.poll_interval = config.sglang_poll_interval
         self.stop_grace = config.sglang_stop_grace
         self.starts = 0
+        # Deltas by phase read each row's output ids; SGLang's overlap scheduler appends the
+        # previous token after the processor runs unless sampling is delayed.
+        self.env = {**os.environ, "SGLANG_ENABLE_DELAY_SAMPLE": "1"} if config.delta_phases > 1 else None
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -127,7 +130,7 @@ class SGLangServer:
             log.flush()
             try:
                 self._process = subprocess.Popen(
-                    self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=self.env,
                     # Its own group: Ctrl+C in the terminal does not reach it, and stop()
                     # can signal its worker processes together with it.
                     start_new_session=True,
