@@ -27,8 +27,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import errno
 import functools
+import json
+import os
 import re
+import stat
 from collections import Counter
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
@@ -36,7 +40,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from compressor_2.common import ConfigError
+from compressor_2.common import ConfigError, file_kind
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -69,6 +73,44 @@ def gguf_file(model_path: str | Path) -> Path | None:
             return path if handle.read(len(GGUF_MAGIC)) == GGUF_MAGIC else None
     except OSError:
         return None
+
+
+# A model folder holds at least one of these (a tokenizer alone serves an SGLang run's clusters).
+_FOLDER_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
+
+
+def check_model_path(model_path: str) -> None:
+    """What can be said of CONFIG_MODEL_PATH without loading anything, in one line: a
+    symbolic link that loops or leads nowhere, a file that is no GGUF or whose header the
+    gguf package cannot read (or whose tensors it cannot dequantise), a folder holding no
+    model, or a config.json that is no JSON object. Where nothing stands the path is left to
+    the loaders: a hub id, or the link `make run-real` makes."""
+    path = Path(model_path)
+    shown = f"CONFIG_MODEL_PATH={model_path!r}"
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ConfigError(f"{shown} is a symbolic-link loop: point it at the model itself") from None
+        if path.is_symlink():
+            raise ConfigError(f"{shown} is a symbolic link to '{os.readlink(path)}', where nothing stands") from None
+        return
+    if stat.S_ISREG(mode):
+        if gguf_file(path) is None:
+            raise ConfigError(f"{shown} is a file but no GGUF (not named *.gguf, no GGUF magic): name a GGUF file "
+                              "or a model folder")
+        pretrained_args(model_path)
+    elif not stat.S_ISDIR(mode):
+        raise ConfigError(f"{shown} is {file_kind(mode)}, not a GGUF file or a model folder")
+    elif not any((path / name).is_file() for name in _FOLDER_FILES):
+        raise ConfigError(f"{shown} is a folder without a model: it holds none of {', '.join(_FOLDER_FILES)}")
+    elif (path / "config.json").is_file():
+        try:
+            parsed = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise ConfigError(f"{shown}: its config.json cannot be read as JSON ({_first_line(exc)})") from None
+        if not isinstance(parsed, dict):
+            raise ConfigError(f"{shown}: its config.json holds no JSON object")
 
 
 def gguf_header(model_path: str) -> GgufHeader:
@@ -175,7 +217,8 @@ def _load(model_path: str, what: str, loader: Callable[..., T], **kwargs: Any) -
     name, extra = pretrained_args(model_path)
     try:
         return loader(name, **extra, **kwargs)
-    except (OSError, ValueError, TypeError, KeyError, NotImplementedError, RuntimeError) as exc:
+    except (OSError, ValueError, TypeError, KeyError, NotImplementedError,
+            RuntimeError) as exc:  # RuntimeError: transformers' own refusal of the weights' shapes
         if extra:
             raise _gguf_refusal(model_path, _first_line(exc)) from None
         raise ConfigError(f"CONFIG_MODEL_PATH={model_path!r}: cannot load {what} from it ({_first_line(exc)})") from None
