@@ -51,18 +51,19 @@ def _bpe(vocab_size: int) -> tuple[list[str], list[str]]:
 
 def write_tiny_gguf(path: Path, *, architecture: str = "llama", vocab_size: int = 320,
                     weight_type: str = "Q8_0", seed: int = 0,
-                    without: tuple[str, ...] = ()) -> Path:
+                    without: tuple[str, ...] = (), context: int = CONTEXT) -> Path:
     """Write the tiny model to `path` (a `.gguf`). `architecture` is what the header calls it
     (the tensors are a llama's whatever it says); `weight_type` is the GGML type of every 2-D
     weight, written as raw blocks when the `gguf` package cannot quantise to it; the tensors
-    named in `without` are left out (a damaged file)."""
+    named in `without` are left out (a damaged file); `context` is the context length its
+    header declares."""
     import gguf
 
     tokens, merges = _bpe(vocab_size)
     qtype = gguf.GGMLQuantizationType[weight_type]
     writer = gguf.GGUFWriter(str(path), architecture)
     writer.add_name("tiny test llama")
-    writer.add_context_length(CONTEXT)
+    writer.add_context_length(context)
     writer.add_embedding_length(HIDDEN)
     writer.add_block_count(LAYERS)
     writer.add_feed_forward_length(FFN)

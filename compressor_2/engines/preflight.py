@@ -40,9 +40,10 @@ def _too_long(config: Config, example_id: str, prompt: str, tokens: int, context
     fix = "lower CONFIG_EVIDENCE_MAX_CHARS or CONFIG_MAX_NEW_TOKENS"
     carries = ""
     if example_id.endswith(INSTRUCTED):
-        where = "every prompt of the search" if config.instruction_in_search else "the instruction tool's prompts"
+        where = "every prompt of the search carries" if config.instruction_in_search else \
+            "the instruction tool's prompts carry"
         carries = (f", CONFIG_COMPARE_INSTRUCTION ({len(config.compare_instruction)} characters) included, as "
-                   f"{where} carry it (CONFIG_INSTRUCTION_IN_SEARCH={'y' if config.instruction_in_search else 'n'})")
+                   f"{where} it (CONFIG_INSTRUCTION_IN_SEARCH={'y' if config.instruction_in_search else 'n'})")
         fix = f"shorten CONFIG_COMPARE_INSTRUCTION, or {fix}"
     return (f"example {example_id.removesuffix(INSTRUCTED)} ({prompt_label(prompt)}): a prompt of {tokens} tokens"
             f"{carries}, plus CONFIG_MAX_NEW_TOKENS={config.max_new_tokens}, exceeds the context of {context} tokens "
