@@ -307,8 +307,8 @@ def model_context(model_path: str) -> int | None:
                     model = AutoModelForCausalLM.from_config(config)
             except (ValueError, KeyError, TypeError) as exc:
                 raise _gguf_refusal(model_path, _first_line(exc)) from None
-            refusal = weights_refusal(model_path, f"its header's architecture {gguf_header(model_path).architecture!r}",
-                                      _gguf_missing(model_path, model), (), ())
+            architecture = f"its header's architecture {gguf_header(model_path).architecture!r}"
+            refusal = _weights_refusal(model_path, architecture, _gguf_missing(model_path, model), (), ())
             if refusal is not None:
                 raise refusal
     return getattr(model.config, "max_position_embeddings", None)
@@ -348,8 +348,8 @@ def _one_name_map_per_architecture() -> Iterator[None]:
         gguf.get_tensor_name_map = made
 
 
-def weights_refusal(model_path: str, architecture: str, missing: Collection[str], unexpected: Collection[str],
-                    mismatched: Collection[str]) -> ConfigError | None:
+def _weights_refusal(model_path: str, architecture: str, missing: Collection[str], unexpected: Collection[str],
+                     mismatched: Collection[str]) -> ConfigError | None:
     """The one line refusing a model whose weights are not its `architecture`'s; None when they are."""
     found = [(missing, "missing"), (unexpected, "unexpected (not its architecture's)"),
              (mismatched, "of another shape than its architecture's")]
@@ -372,7 +372,7 @@ def _first_names(names: Collection[str]) -> str:
 
 def _check_loading_info(model_path: str, model: Any, info: dict[str, Any]) -> None:
     architecture = f"its architecture {model.config.model_type!r}"
-    refusal = weights_refusal(model_path, architecture, info["missing_keys"], info["unexpected_keys"],
+    refusal = _weights_refusal(model_path, architecture, info["missing_keys"], info["unexpected_keys"],
                               [key[0] for key in info["mismatched_keys"]])
     if refusal is not None:
         raise refusal
