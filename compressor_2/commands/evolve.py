@@ -1,9 +1,9 @@
 """`python -m compressor_2 evolve`: preflight, open the run, drive it, close it.
 
 - Preflight, before anything is written or rebuilt (the lock file included): the output
-  and cluster paths, the training pool and held-out questions, the model's weights and
-  every prompt the run will send against its context (`check_model`); then, under the
-  run directory's lock: a directory of a compressor_2 before the archive, the settings a
+  and cluster paths (a directory another evolve holds refused at once), the training
+  pool and held-out questions, the model's weights and every prompt the run will send
+  against its context (`check_model`); then, under the run directory's lock: a directory of a compressor_2 before the archive, the settings a
   resumed run was started with (the clusters' own among them); then the clusters are
   built (or reused: what an up-to-date set still owes its directory is written later),
   the initial deltas checked against them.
@@ -45,7 +45,9 @@ from compressor_2.deltas import Deltas, check_fingerprint, fingerprint_path, loa
 from compressor_2.fitness import Evaluator, answer_context
 from compressor_2.outputs import FRONT_PLOT
 from compressor_2.reflector import PROMPT_DIR
-from compressor_2.resume import RunInputs, check_identity, check_settings, model_identity, recorded_context, run_lock
+from compressor_2.resume import (
+    RunInputs, check_identity, check_not_in_use, check_settings, model_identity, recorded_context, run_lock,
+)
 from compressor_2.run import DELTAS_BEST, PROCESSOR_BEST, BestEver, Budget, Limits, Run, Workers, drive, shortfall
 from compressor_2.strategies import Plugin, load_strategy
 from compressor_2.verdict import Checks, other_side_examples, simpler_options
@@ -97,6 +99,7 @@ def preflight(config: Config) -> Iterator[Inputs]:
 
     out = config.output_dir
     check_output_dir(out)
+    check_not_in_use(out)
     check_cluster_outputs(config)
     examples = tuple(examples_from_config(config))
     heldout = tuple(holdout_examples(config, examples))
