@@ -3,10 +3,11 @@
 - Preflight, before anything is written or rebuilt (the lock file included): the output
   and cluster paths (a directory another evolve holds refused at once), the training
   pool and held-out questions, the model's weights and every prompt the run will send
-  against its context (`check_model`); then, under the run directory's lock: a directory of a compressor_2 before the archive, the settings a
-  resumed run was started with (the clusters' own among them); then the clusters are
-  built (or reused: what an up-to-date set still owes its directory is written later),
-  the initial deltas checked against them.
+  against its context (`check_model`); then, under the run directory's lock: a
+  directory of a compressor_2 before the archive, the settings a resumed run was started
+  with (the clusters' own among them); then the clusters are built (or reused: what an
+  up-to-date set still owes its directory is written later), the initial deltas checked
+  against them.
 - Opening the run: the run archive (its identity compared on a resume: see
   resume/identity.py), the evaluator (answers cached in the archive, under the answer
   context the run recorded at its start), the reflector (every call recorded in it), the
