@@ -18,6 +18,7 @@ from pathlib import Path
 
 from compressor_2.common import ConfigError, RunError, ScrubFilter, scrub, stop_on_first_signal, stopping
 from compressor_2.config import Config, load_config
+from compressor_2.pretrained import check_model_path
 
 DESCRIPTION = ("compressor_2: evolve per-cluster logit steering deltas so that an LLM answers briefly "
                "without answering worse. Configure with `make menuconfig` (writes .config), then run "
@@ -146,6 +147,9 @@ def _report(config: Config, args: argparse.Namespace) -> None:
     run_report(config)
 
 
+# The commands that read CONFIG_MODEL_PATH: each checks first what can be said of it cheaply.
+MODEL_READERS = frozenset({"check-config", "build-clusters", "generate-processor", "evaluate", "evolve"})
+
 COMMANDS: tuple[Command, ...] = (
     Command("check-config", "validate a config and print the resolved settings", _no_arguments, _check_config),
     Command("build-clusters", "cluster the model's vocabulary (cached)", _build_clusters_arguments, _build_clusters),
@@ -199,6 +203,8 @@ def _run(args: argparse.Namespace) -> int:
 
         check_inputs(config, {f"{args.command} {option}": path for option, path in
                               (("--deltas", getattr(args, "deltas", None)), ("--data", getattr(args, "data", None)))})
+        if args.command in MODEL_READERS:
+            check_model_path(config.model_path)
         args.run(config, args)
     except ConfigError as exc:
         return _fail(args, exc, 2)

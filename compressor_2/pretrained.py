@@ -12,6 +12,11 @@ dequantises every tensor with it) is refused there; anything transformers itself
 refuses (an architecture it has no GGUF mapping for) is refused in the same one line,
 which names the file's architecture and quantisation.
 
+A model's weights are checked against the architecture its config or header names before
+any work (`model_context`: the tensors' names and shapes from the files' headers, no weight
+read), and again as transformers loads them: a tensor missing, unexpected or of another
+shape would be filled with random numbers, another model in every process.
+
 Reading a GGUF costs seconds whatever the model's size (its metadata arrays are parsed
 whole: 2.7 s of CPU for SmolLM2-135M's 49k-token vocabulary, and transformers' conversion
 of that tokenizer 4 s more), so a process reads each file's header and tokenizer once:
@@ -20,16 +25,22 @@ both are kept, keyed by the file's path, size and modification time.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import errno
 import functools
+import json
+import os
+import re
+import stat
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from compressor_2.common import ConfigError
+from compressor_2.common import ConfigError, file_kind
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -47,6 +58,7 @@ class GgufHeader:
     quantisation: str  # the file type (Q4_1, Q4_K_M, F16), else its weights' commonest tensor type
     undequantisable: tuple[str, ...]  # tensor types the gguf package cannot turn back into floats
     end_ids: tuple[int, ...]  # eos, and eot / eom where the header names them
+    tensors: frozenset[str]  # the names of the tensors it holds
 
 
 def gguf_file(model_path: str | Path) -> Path | None:
@@ -61,6 +73,44 @@ def gguf_file(model_path: str | Path) -> Path | None:
             return path if handle.read(len(GGUF_MAGIC)) == GGUF_MAGIC else None
     except OSError:
         return None
+
+
+# A model folder holds at least one of these (a tokenizer alone serves an SGLang run's clusters).
+_FOLDER_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
+
+
+def check_model_path(model_path: str) -> None:
+    """What can be said of CONFIG_MODEL_PATH without loading anything, in one line: a
+    symbolic link that loops or leads nowhere, a file that is no GGUF or whose header the
+    gguf package cannot read (or whose tensors it cannot dequantise), a folder holding no
+    model, or a config.json that is no JSON object. Where nothing stands the path is left to
+    the loaders: a hub id, or the link `make run-real` makes."""
+    path = Path(model_path)
+    shown = f"CONFIG_MODEL_PATH={model_path!r}"
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ConfigError(f"{shown} is a symbolic-link loop: point it at the model itself") from None
+        if path.is_symlink():
+            raise ConfigError(f"{shown} is a symbolic link to '{os.readlink(path)}', where nothing stands") from None
+        return
+    if stat.S_ISREG(mode):
+        if gguf_file(path) is None:
+            raise ConfigError(f"{shown} is a file but no GGUF (not named *.gguf, no GGUF magic): name a GGUF file "
+                              "or a model folder")
+        pretrained_args(model_path)
+    elif not stat.S_ISDIR(mode):
+        raise ConfigError(f"{shown} is {file_kind(mode)}, not a GGUF file or a model folder")
+    elif not any((path / name).is_file() for name in _FOLDER_FILES):
+        raise ConfigError(f"{shown} is a folder without a model: it holds none of {', '.join(_FOLDER_FILES)}")
+    elif (path / "config.json").is_file():
+        try:
+            parsed = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise ConfigError(f"{shown}: its config.json cannot be read as JSON ({_first_line(exc)})") from None
+        if not isinstance(parsed, dict):
+            raise ConfigError(f"{shown}: its config.json holds no JSON object")
 
 
 def gguf_header(model_path: str) -> GgufHeader:
@@ -106,6 +156,7 @@ def _read_header(path: str, size: int, mtime_ns: int) -> GgufHeader:
         quantisation=_file_type(scalar("general.file_type"), weight_types),
         undequantisable=tuple(sorted(t.name for t in present if not _dequantisable(t))),
         end_ids=tuple(dict.fromkeys(int(i) for key in _END_KEYS if (i := scalar(key)) is not None)),
+        tensors=frozenset(t.name for t in reader.tensors),
     )
 
 
@@ -166,7 +217,8 @@ def _load(model_path: str, what: str, loader: Callable[..., T], **kwargs: Any) -
     name, extra = pretrained_args(model_path)
     try:
         return loader(name, **extra, **kwargs)
-    except (OSError, ValueError, TypeError, KeyError, NotImplementedError) as exc:
+    except (OSError, ValueError, TypeError, KeyError, NotImplementedError,
+            RuntimeError) as exc:  # RuntimeError: transformers' own refusal of the weights' shapes
         if extra:
             raise _gguf_refusal(model_path, _first_line(exc)) from None
         raise ConfigError(f"CONFIG_MODEL_PATH={model_path!r}: cannot load {what} from it ({_first_line(exc)})") from None
@@ -223,4 +275,122 @@ def load_causal_lm(model_path: str, gpu: bool) -> PreTrainedModel:
     dtype: Any = torch.float32
     if gpu:
         dtype = torch.float16 if gguf_file(model_path) is not None else "auto"
-    return _load(model_path, "the model", AutoModelForCausalLM.from_pretrained, dtype=dtype)
+    with _quiet(progress=True):
+        model, info = _load(model_path, "the model", AutoModelForCausalLM.from_pretrained, dtype=dtype,
+                            output_loading_info=True, ignore_mismatched_sizes=True)
+    _check_loading_info(model_path, model, info)
+    return model
+
+
+def model_context(model_path: str) -> int | None:
+    """The context length of the model at `model_path` (None when its config names none, or
+    for a hub id, which transformers fetches and checks as it loads it), once its weights are
+    found to be its architecture's: ConfigError naming the first tensors missing, unexpected
+    or of another shape. Read from headers only: a folder's model is loaded on the meta
+    device, a GGUF's tensor names are compared with the ones transformers maps its
+    architecture's weights from (its shapes are compared when the weights load)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = gguf_file(model_path)
+    if path is None and not Path(model_path).is_dir():
+        return None
+    with _quiet(progress=False):
+        if path is None:
+            model, info = _load(model_path, "the model", AutoModelForCausalLM.from_pretrained, device_map="meta",
+                                output_loading_info=True, ignore_mismatched_sizes=True)
+            _check_loading_info(model_path, model, info)
+        else:
+            config = _load(model_path, "the model's config", AutoConfig.from_pretrained)
+            try:
+                with torch.device("meta"):
+                    model = AutoModelForCausalLM.from_config(config)
+            except (ValueError, KeyError, TypeError) as exc:
+                raise _gguf_refusal(model_path, _first_line(exc)) from None
+            architecture = f"its header's architecture {gguf_header(model_path).architecture!r}"
+            refusal = _weights_refusal(model_path, architecture, _gguf_missing(model_path, model), (), ())
+            if refusal is not None:
+                raise refusal
+    return getattr(model.config, "max_position_embeddings", None)
+
+
+def _gguf_missing(model_path: str, model: Any) -> list[str]:
+    """The GGUF tensors (by their names in the file) that `model`'s weights are mapped from
+    and the file lacks; a tied weight (lm_head as the embeddings) is there when one of its
+    names is."""
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
+
+    header = gguf_header(model_path)
+    processor = TENSOR_PROCESSORS.get(header.architecture, TensorProcessor)(config=model.config.to_dict())
+    with _one_name_map_per_architecture():
+        gguf_of = {hf: name for name, hf in get_gguf_hf_weights_map(model, processor).items()}
+    tied: dict[int, list[str]] = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        tied.setdefault(id(parameter), []).append(name)
+    named = {name for names in tied.values() for name in names}
+    groups = [*tied.values(), *([name] for name in model.state_dict() if name not in named)]
+    return [gguf_of.get(names[0], names[0]) for names in groups
+            if not any(gguf_of.get(name) in header.tensors for name in names)]
+
+
+@contextlib.contextmanager
+def _one_name_map_per_architecture() -> Iterator[None]:
+    """transformers' `get_gguf_hf_weights_map` asks gguf for the architecture's tensor-name
+    map once per module of the model (397 times for SmolLM2-135M, 24 ms each: 11.7 s of CPU);
+    the map depends on the architecture and layer count alone, so it is made once here."""
+    import gguf
+
+    made = gguf.get_tensor_name_map
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=4)(made)
+    try:
+        yield
+    finally:
+        gguf.get_tensor_name_map = made
+
+
+def _weights_refusal(model_path: str, architecture: str, missing: Collection[str], unexpected: Collection[str],
+                     mismatched: Collection[str]) -> ConfigError | None:
+    """The one line refusing a model whose weights are not its `architecture`'s; None when they are."""
+    found = [(missing, "missing"), (unexpected, "unexpected (not its architecture's)"),
+             (mismatched, "of another shape than its architecture's")]
+    parts = [f"{len(names)} tensor(s) {what}: {_first_names(names)}" for names, what in found if names]
+    if not parts:
+        return None
+    return ConfigError(f"CONFIG_MODEL_PATH={model_path!r}: its weights do not fit {architecture} "
+                       f"({'; '.join(parts)}): transformers would fill them with random numbers, another model in "
+                       "every process; use a complete copy of the model")
+
+
+_SHOWN = 3  # the tensors a refusal names, before "and N more"
+
+
+def _first_names(names: Collection[str]) -> str:
+    ordered = sorted(names, key=lambda name: [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)])
+    more = f" and {len(ordered) - _SHOWN} more" if len(ordered) > _SHOWN else ""
+    return ", ".join(ordered[:_SHOWN]) + more
+
+
+def _check_loading_info(model_path: str, model: Any, info: dict[str, Any]) -> None:
+    architecture = f"its architecture {model.config.model_type!r}"
+    refusal = _weights_refusal(model_path, architecture, info["missing_keys"], info["unexpected_keys"],
+                              [key[0] for key in info["mismatched_keys"]])
+    if refusal is not None:
+        raise refusal
+
+
+@contextlib.contextmanager
+def _quiet(progress: bool) -> Iterator[None]:
+    """transformers' warnings (its load report of missing weights, which a refusal says in one
+    line) silenced, and its progress bars too unless `progress`."""
+    from transformers.utils import logging as hf_logging
+
+    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    if not progress:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()

@@ -50,17 +50,20 @@ def _bpe(vocab_size: int) -> tuple[list[str], list[str]]:
 
 
 def write_tiny_gguf(path: Path, *, architecture: str = "llama", vocab_size: int = 320,
-                    weight_type: str = "Q8_0", seed: int = 0) -> Path:
+                    weight_type: str = "Q8_0", seed: int = 0,
+                    without: tuple[str, ...] = (), context: int = CONTEXT) -> Path:
     """Write the tiny model to `path` (a `.gguf`). `architecture` is what the header calls it
     (the tensors are a llama's whatever it says); `weight_type` is the GGML type of every 2-D
-    weight, written as raw blocks when the `gguf` package cannot quantise to it."""
+    weight, written as raw blocks when the `gguf` package cannot quantise to it; the tensors
+    named in `without` are left out (a damaged file); `context` is the context length its
+    header declares."""
     import gguf
 
     tokens, merges = _bpe(vocab_size)
     qtype = gguf.GGMLQuantizationType[weight_type]
     writer = gguf.GGUFWriter(str(path), architecture)
     writer.add_name("tiny test llama")
-    writer.add_context_length(CONTEXT)
+    writer.add_context_length(context)
     writer.add_embedding_length(HIDDEN)
     writer.add_block_count(LAYERS)
     writer.add_feed_forward_length(FFN)
@@ -87,6 +90,8 @@ def write_tiny_gguf(path: Path, *, architecture: str = "llama", vocab_size: int 
     rng = np.random.default_rng(seed)
 
     def weight(name: str, rows: int, cols: int) -> None:
+        if name in without:
+            return
         data = rng.normal(0.0, 0.2, size=(rows, cols)).astype(np.float32)
         if qtype == gguf.GGMLQuantizationType.F32:
             writer.add_tensor(name, data)
@@ -103,8 +108,9 @@ def write_tiny_gguf(path: Path, *, architecture: str = "llama", vocab_size: int 
     writer.add_tensor("output_norm.weight", np.ones(HIDDEN, dtype=np.float32))
     for layer in range(LAYERS):
         block = f"blk.{layer}"
-        writer.add_tensor(f"{block}.attn_norm.weight", np.ones(HIDDEN, dtype=np.float32))
-        writer.add_tensor(f"{block}.ffn_norm.weight", np.ones(HIDDEN, dtype=np.float32))
+        for norm in (f"{block}.attn_norm.weight", f"{block}.ffn_norm.weight"):
+            if norm not in without:
+                writer.add_tensor(norm, np.ones(HIDDEN, dtype=np.float32))
         weight(f"{block}.attn_q.weight", HIDDEN, HIDDEN)
         weight(f"{block}.attn_k.weight", KV_HEADS * head_dim, HIDDEN)
         weight(f"{block}.attn_v.weight", KV_HEADS * head_dim, HIDDEN)

@@ -1702,3 +1702,291 @@ def test_the_best_with_the_instruction_lost_is_refused_by_show_and_made_again_by
     assert every_file(work) == before
     assert main(["evolve", "--config", str(config)]) == 0, capsys.readouterr().err
     assert main(["show", "--config", str(config), "--front"]) == 0, capsys.readouterr().err
+
+
+# Fifth round (AF) =================================================================================
+#
+# Issue AF: a model that would load half random, refusals that came after the run's files,
+# the preset's link where it cannot be made, and smaller holes. A refused command leaves every
+# file of its scene byte for byte and makes no run directory (not even its lock file); each
+# row failed on the tree before the issue.
+
+def damaged_folder(scene: Scene, edit: Callable[[dict[str, Any]], None]) -> Path:
+    """A copy of the tiny model with `edit` made to its weights (a tensor deleted, added or
+    reshaped), saved as safetensors again."""
+    from safetensors.torch import load_file, save_file
+
+    model = Path(shutil.copytree(scene.model, scene.work / "damaged_model"))
+    weights = load_file(model / "model.safetensors")
+    edit(weights)
+    save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
+    return model
+
+
+def damaged_gguf(scene: Scene, **kwargs: Any) -> Path:
+    """The tiny GGUF written with `kwargs` (tensors left out, another architecture in its header)."""
+    from tests.gguf_helpers import write_tiny_gguf
+
+    (scene.work / "models").mkdir(exist_ok=True)
+    return write_tiny_gguf(scene.work / "models" / "damaged.gguf", **kwargs)
+
+
+def refused_before_any_write(scene: Scene, argv: list[str], pattern: str, capsys: Any) -> None:
+    """`argv` ends in one line matching `pattern` with exit 2, every file of the scene as it
+    was and no run directory made."""
+    before = left_as_it_was(scene)
+    capsys.readouterr()
+    code = main(argv)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert (code, len(lines)) == (2, 1), lines
+    assert re.fullmatch(rf"error: {pattern}", lines[0]), lines[0]
+    assert left_as_it_was(scene) == before and not scene.out.exists()
+
+
+def without_tensor(name: str) -> Callable[[dict[str, Any]], None]:
+    def edit(weights: dict[str, Any]) -> None:
+        del weights[name]
+    return edit
+
+
+def zeros_as(name: str, *shape: int) -> Callable[[dict[str, Any]], None]:
+    import torch
+
+    return lambda weights: weights.update({name: torch.zeros(*shape)})
+
+
+UNFIT = r"CONFIG_MODEL_PATH='.*{}': its weights do not fit {} \({}\): transformers would fill them with random .*"
+GGUF_DOWN = "blk.1.ffn_down.weight"
+FOLDER_DOWN = "transformer.h.1.mlp.c_proj.weight"
+
+MODELS = [
+    ("a GGUF without one tensor", lambda s: damaged_gguf(s, without=(GGUF_DOWN,)),
+     UNFIT.format(r"damaged\.gguf", "its header's architecture 'llama'", r"1 tensor\(s\) missing: blk\.1\.ffn_down\.weight")),
+    ("a GGUF without attn_q in every layer",
+     lambda s: damaged_gguf(s, without=("blk.0.attn_q.weight", "blk.1.attn_q.weight")),
+     UNFIT.format(r"damaged\.gguf", "its header's architecture 'llama'",
+                  r"2 tensor\(s\) missing: blk\.0\.attn_q\.weight, blk\.1\.attn_q\.weight")),
+    ("a GGUF whose header says mamba over llama tensors", lambda s: damaged_gguf(s, architecture="mamba"),
+     UNFIT.format(r"damaged\.gguf", "its header's architecture 'mamba'", r"18 tensor\(s\) missing: blk\.0\.ssm_a, .* and 15 more")),
+    ("a GGUF whose header says gpt2 over llama tensors", lambda s: damaged_gguf(s, architecture="gpt2"),
+     UNFIT.format(r"damaged\.gguf", "its header's architecture 'gpt2'", r"16 tensor\(s\) missing: blk\.0\.attn_norm\.bias, .*")),
+    ("a folder without one tensor", lambda s: damaged_folder(s, without_tensor(FOLDER_DOWN)),
+     UNFIT.format("damaged_model", "its architecture 'gpt2'", r"1 tensor\(s\) missing: transformer\.h\.1\.mlp\.c_proj\.weight")),
+    ("a folder with a tensor of no gpt2", lambda s: damaged_folder(s, zeros_as("transformer.h.0.extra.weight", 3)),
+     UNFIT.format("damaged_model", "its architecture 'gpt2'",
+                  r"1 tensor\(s\) unexpected \(not its architecture's\): transformer\.h\.0\.extra\.weight")),
+    ("a folder with a tensor of another shape", lambda s: damaged_folder(s, zeros_as("transformer.h.0.mlp.c_fc.weight", 3, 5)),
+     UNFIT.format("damaged_model", "its architecture 'gpt2'",
+                  r"1 tensor\(s\) of another shape than its architecture's: transformer\.h\.0\.mlp\.c_fc\.weight")),
+]
+
+
+@pytest.mark.parametrize("command", ["evaluate", "evolve"])
+@pytest.mark.parametrize(("name", "damaged", "pattern"), MODELS, ids=[m[0] for m in MODELS])
+def test_a_model_whose_weights_do_not_fit_is_refused_before_any_write(command, name, damaged, pattern, tmp_path, shared,
+                                                                    tiny_model_dir, uninterrupted, capsys):
+    """Item 1: each process loaded such a model with other random weights where the file
+    had none (exit 0, transformers' table on stderr the only sign); a header of another
+    architecture than the tensors ended in a RuntimeError after the run's files."""
+    del name
+    scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted, lambda strategy: uninterrupted)
+    argv = scene.command(command, MODEL_PATH=f'"{damaged(scene)}"', NGEN="1", **scene.clusters_copy())
+    refused_before_any_write(scene, argv, pattern, capsys)
+
+
+def test_tied_embeddings_are_no_missing_tensor_and_a_load_checks_the_weights_too(tmp_path, tiny_model_dir):
+    """lm_head tied to the embeddings is in no file (the tiny GGUF has no output.weight, the
+    tiny GPT-2 saves no lm_head): not missing. What the header check cannot see, the load
+    refuses in the same line."""
+    from compressor_2.common import ConfigError
+    from compressor_2.pretrained import load_causal_lm, model_context
+    from tests.gguf_helpers import CONTEXT, write_tiny_gguf
+
+    assert model_context(str(write_tiny_gguf(tmp_path / "tiny.gguf"))) == CONTEXT
+    assert model_context(str(tiny_model_dir)) == 256
+    scene = Scene(tmp_path, tmp_path, tiny_model_dir, tmp_path, lambda strategy: tmp_path)
+    damaged = damaged_folder(scene, without_tensor(FOLDER_DOWN))
+    with pytest.raises(ConfigError, match=UNFIT.format("damaged_model", "its architecture 'gpt2'",
+                                                       r"1 tensor\(s\) missing: transformer\.h\.1\.mlp\.c_proj\.weight")):
+        load_causal_lm(str(damaged), gpu=False)
+
+
+INSTRUCTION = ("Answer in as few words as you can. " * 57).strip()  # 1,994 characters: within the 2,000 allowed
+TOO_LONG = (r"example \S+ \(prompt ending .*\): a prompt of \d+ tokens{}, plus CONFIG_MAX_NEW_TOKENS={}, exceeds the "
+            r"context of {} tokens of CONFIG_MODEL_PATH='.*'; {}lower CONFIG_EVIDENCE_MAX_CHARS or CONFIG_MAX_NEW_TOKENS")
+CARRIED = r", CONFIG_COMPARE_INSTRUCTION \(1994 characters\) included, as {} it \(CONFIG_INSTRUCTION_IN_SEARCH={}\)"
+
+CONTEXTS = [
+    ("the tiny model with 250 new tokens", lambda s: {"MAX_NEW_TOKENS": "250"}, TOO_LONG.format("", 250, 256, "")),
+    ("a GGUF of a 32-token context", lambda s: {"MODEL_PATH": f'"{damaged_gguf(s, context=32)}"'},
+     TOO_LONG.format("", 8, 32, "")),
+    ("the longest instruction, for the instruction tool only",
+     lambda s: {"COMPARE_SIMPLE": "y", "COMPARE_INSTRUCTION": json.dumps(INSTRUCTION)},
+     TOO_LONG.format(CARRIED.format("the instruction tool's prompts carry", "n"), 8, 256,
+                     "shorten CONFIG_COMPARE_INSTRUCTION, or ")),
+    ("the longest instruction, in every prompt of the search",
+     lambda s: {"COMPARE_SIMPLE": "y", "COMPARE_INSTRUCTION": json.dumps(INSTRUCTION), "INSTRUCTION_IN_SEARCH": "y"},
+     TOO_LONG.format(CARRIED.format("every prompt of the search carries", "y"), 8, 256,
+                     "shorten CONFIG_COMPARE_INSTRUCTION, or ")),
+]
+
+
+@pytest.mark.parametrize(("name", "symbols", "pattern"), CONTEXTS, ids=[c[0] for c in CONTEXTS])
+def test_a_prompt_past_the_context_is_refused_before_the_run_files(name, symbols, pattern, tmp_path, shared,
+                                                                  tiny_model_dir, uninterrupted, capsys):
+    """Item 2: the refusal came after run.sqlite and evolution_state.json were written (the
+    corrected config was then refused as "a run started with other settings"), or, for the
+    instruction tool's prompts, only at the end of the whole search; neither line named the
+    instruction. Now before the lock file, naming it; and the corrected config then runs."""
+    del name
+    scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted, lambda strategy: uninterrupted)
+    clusters = scene.clusters_copy()
+    refused_before_any_write(scene, scene.command("evolve", NGEN="1", **clusters, **symbols(scene)), pattern, capsys)
+    assert main(scene.command("evolve", NGEN="1", **clusters)) == 0, capsys.readouterr().err
+
+
+# -- item 3: the preset's link where it cannot be made ----------------------------------------------
+
+def linked_preset(tmp_path: Path, models: Path, setup: str = "") -> Any:
+    """`python -m compressor_2.demo.smollm2 --config` on the preset with its model in `models`,
+    a stand-in package installed; `setup`: shell commands run first in a mount namespace of
+    its own (a read-only file system there), skipped where this user may not make one."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+    from tests.test_real_model import fake_package, preset_with_models_in
+
+    site = tmp_path / "site"
+    fake_package(site)
+    config = preset_with_models_in(models, tmp_path / "real.config")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO), os.environ.get("PYTHONPATH", "")])}
+    command = [sys.executable, "-m", "compressor_2.demo.smollm2", "--config", str(config)]
+    if setup:
+        if shutil.which("unshare") is None or subprocess.run(
+                ["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o ro tmpfs '{tmp_path}'"], capture_output=True,
+                check=False).returncode != 0:
+            pytest.skip("this user may not mount a read-only file system in a mount namespace of its own")
+        command = ["unshare", "-m", "sh", "-c", f"{setup} && exec \"$0\" \"$@\"", *command]
+    return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+READ_ONLY = "mount -t tmpfs -o ro tmpfs '{0}'"
+DANGLING_THEN_READ_ONLY = ("mount -t tmpfs tmpfs '{0}' && ln -s /nowhere/model.gguf '{0}/" + GGUF_NAME + "' && "
+                           "mount -o remount,ro '{0}'")
+
+
+@pytest.mark.parametrize(("setup", "reason"), [
+    (READ_ONLY, r"its folder '{}' is on a read-only file system"),
+    (DANGLING_THEN_READ_ONLY, r"its folder '{}' is on a read-only file system"),
+], ids=["an empty read-only folder", "a read-only folder holding a dangling link"])
+def test_the_presets_link_on_a_read_only_disk_is_one_line(setup, reason, tmp_path):
+    """Item 3: `OSError: [Errno 30] Read-only file system` in a traceback, exit 1. The
+    read-only disk is a tmpfs mounted read only (root writes through chmod)."""
+    models = tmp_path / "models"
+    models.mkdir()
+    result = linked_preset(tmp_path, models, setup.format(models))
+    lines = result.stderr.strip().splitlines()
+    assert (result.returncode, len(lines)) == (2, 1), result.stderr
+    assert re.fullmatch(rf"error: CONFIG_MODEL_PATH='{re.escape(str(models / GGUF_NAME))}' cannot be made the link "
+                        rf"to .*: {reason.format(re.escape(str(models)))}: point CONFIG_MODEL_PATH at a writable place",
+                        lines[0]), lines[0]
+
+
+@pytest.mark.parametrize("kind", ["a regular file", "a symbolic-link loop"])
+def test_the_presets_link_under_a_file_or_a_loop_is_one_line(kind, tmp_path):
+    """Item 3: `FileExistsError` in a traceback, exit 1, when the models folder is a file,
+    or a link to itself; nothing of the user's is changed."""
+    models = tmp_path / "models"
+    if kind == "a regular file":
+        models.write_text("the user's own file")
+        reason = rf"'{re.escape(str(models))}' is not a folder: move it away"
+    else:
+        models.symlink_to(models)
+        reason = rf"'{re.escape(str(models))}' is a symbolic link that loops or leads nowhere: remove it"
+    result = linked_preset(tmp_path, models)
+    lines = result.stderr.strip().splitlines()
+    assert (result.returncode, len(lines)) == (2, 1), result.stderr
+    assert re.fullmatch(rf"error: CONFIG_MODEL_PATH='{re.escape(str(models / GGUF_NAME))}' cannot be made the link "
+                        rf"to .*: {reason}, or point CONFIG_MODEL_PATH elsewhere", lines[0]), lines[0]
+    assert models.is_symlink() or models.read_text() == "the user's own file"
+
+
+# -- item 4: check-config reads the model's header; C1 controls; show after deleted rows -----------
+
+def loop(scene: Scene) -> Path:
+    (scene.work / "loop.gguf").symlink_to(scene.work / "loop.gguf")
+    return scene.work / "loop.gguf"
+
+
+def bare_folder(scene: Scene) -> Path:
+    (scene.work / "empty_model").mkdir()
+    (scene.work / "empty_model" / "README.md").write_text("weights to come")
+    return scene.work / "empty_model"
+
+
+MODEL_PATHS = [
+    ("a zero-byte GGUF", lambda s: planted(s, b"", "zero.gguf"),
+     r"CONFIG_MODEL_PATH='.*zero\.gguf': the gguf package cannot read it as a GGUF file \(.*\)"),
+    ("a GGUF of garbage", lambda s: planted(s, b"GGUF" + bytes(range(256)) * 4, "garbage.gguf"),
+     r"CONFIG_MODEL_PATH='.*garbage\.gguf': the gguf package cannot read it as a GGUF file \(.*\)"),
+    ("a truncated GGUF", lambda s: planted(s, damaged_gguf(s).read_bytes()[:5000], "truncated.gguf"),
+     r"CONFIG_MODEL_PATH='.*truncated\.gguf': the gguf package cannot read it as a GGUF file \(.*\)"),
+    ("a file that is no GGUF", lambda s: planted(s, b"weights", "model.bin"),
+     r"CONFIG_MODEL_PATH='.*model\.bin' is a file but no GGUF \(not named \*\.gguf, no GGUF magic\): .*"),
+    ("a folder without a model", bare_folder,
+     r"CONFIG_MODEL_PATH='.*empty_model' is a folder without a model: it holds none of config\.json, .*"),
+    ("a dangling link", lambda s: linked(s, s.work / "gone.gguf", "model.gguf"),
+     r"CONFIG_MODEL_PATH='.*model\.gguf' is a symbolic link to '.*gone\.gguf', where nothing stands"),
+    ("a symbolic-link loop", loop, r"CONFIG_MODEL_PATH='.*loop\.gguf' is a symbolic-link loop: .*"),
+]
+
+
+@pytest.mark.parametrize(("name", "model", "pattern"), MODEL_PATHS, ids=[m[0] for m in MODEL_PATHS])
+def test_check_config_reads_the_models_header(name, model, pattern, tmp_path, shared, tiny_model_dir, uninterrupted,
+                                              capsys):
+    """Item 4: check-config accepted each (build-clusters refused them later; the loop ended
+    in `error: RuntimeError: Symlink loop`, exit 1)."""
+    del name
+    scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted, lambda strategy: uninterrupted)
+    refused_before_any_write(scene, scene.command("check-config", MODEL_PATH=f'"{model(scene)}"'), pattern, capsys)
+
+
+def test_a_c1_control_character_in_the_instruction_is_refused(tmp_path, shared, tiny_model_dir, uninterrupted, capsys):
+    """Item 4: U+0080 to U+009F passed the instruction's control-character check."""
+    scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted, lambda strategy: uninterrupted)
+    for control in ("\u0085", "\u0080", "\u009f"):
+        argv = scene.command("check-config", COMPARE_SIMPLE="y", COMPARE_INSTRUCTION=f'"Answer{control} briefly."')
+        refused_before_any_write(scene, argv, r"CONFIG_COMPARE_INSTRUCTION must be at most 2000 characters, with no "
+                                              r"control character", capsys)
+
+
+def test_show_counts_the_runs_spending_after_deleted_answers(tmp_path, shared, tiny_model_dir, uninterrupted, capsys):
+    """Item 4: the summary said "metric calls 0 fresh answers" once the answer table's rows
+    were deleted; the run spent them all the same."""
+    scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted, lambda strategy: uninterrupted)
+    spent = answers_stored(uninterrupted)
+    argv = scene.edit_archive("DELETE FROM evaluations", command=("show",))
+    capsys.readouterr()
+    assert main(argv) == 0, capsys.readouterr().err
+    assert re.search(rf"(?m)^metric calls  {spent} fresh answers;", capsys.readouterr().out)
+    assert answers_stored(scene.out) == 0 < spent
+
+
+def test_show_front_says_the_held_out_results_are_gone(tmp_path, with_tools, shared, tiny_model_dir, capsys):
+    """Item 4: with the held-out check's results deleted, `show --front` printed the front
+    without its held-out columns, as if no check had run."""
+    work = Path(shutil.copytree(with_tools, tmp_path / "run"))
+    with closing(sqlite3.connect(work / "out" / "run.sqlite")) as db, db:
+        assert db.execute("DELETE FROM check_results WHERE split = 'heldout'").rowcount > 0
+    config = write_config(work, shared, tiny_model_dir, **WITH_TOOLS)
+    before = every_file(work)
+    capsys.readouterr()
+    assert main(["show", "--config", str(config), "--front"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and re.fullmatch(r"error: '.*run\.sqlite' lost the held-out check's results \(its table "
+                                            r"check_results holds no held-out row, though the check's answers are "
+                                            r"there\): rows were deleted; rerun evolve with this config, which checks "
+                                            r"again from the answers it holds", lines[0]), lines
+    assert every_file(work) == before

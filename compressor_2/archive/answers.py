@@ -15,11 +15,13 @@ from compressor_2.common import ConfigError, shown
 
 
 class AnswerTable:
-    """The answers of one table (`table`), and its cache hits (the meta counter `hits_key`).
+    """The answers of one table (`table`), its cache hits (the meta counter `hits_key`) and the
+    answers ever generated into it (`fresh_key`: rows deleted since were still spent).
     `owner` names the candidate of a genome, for the refusal of a broken row."""
 
-    def __init__(self, db: Database, table: str, hits_key: str, owner: Callable[[str], int | None]) -> None:
-        self.db, self.table, self.hits_key, self.owner = db, table, hits_key, owner
+    def __init__(self, db: Database, table: str, hits_key: str, fresh_key: str,
+                 owner: Callable[[str], int | None]) -> None:
+        self.db, self.table, self.hits_key, self.fresh_key, self.owner = db, table, hits_key, fresh_key, owner
 
     def cached(self, genomes: Sequence[str], examples: Sequence[str], context: str) -> dict[tuple[str, str], Answer]:
         """The stored answers among `genomes` x `examples` under `context`, each checked."""
@@ -74,6 +76,8 @@ class AnswerTable:
             # Read through the check, never CAST: a hand-edited 'NaN' would silently become 0.
             db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
                        (self.hits_key, str(int(self.db.meta_count(self.hits_key)) + cache_hits)))
+            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                       (self.fresh_key, str(self.fresh() + len(answers))))
             db.executemany(
                 f"INSERT OR REPLACE INTO {self.table} (genome, example, context, answer, tokens, is_correct, "
                 "reasoning, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -81,8 +85,11 @@ class AnswerTable:
                  for (g, e), a in answers.items()])
 
     def fresh(self) -> int:
-        """The answers generated into this table."""
-        return int(self.db.query(f"SELECT count(*) FROM {self.table}")[0][0])
+        """The answers generated into this table, as counted when they were stored (the spending
+        stays when rows are deleted); the rows themselves in an archive written before the
+        count was kept."""
+        rows = int(self.db.query(f"SELECT count(*) FROM {self.table}")[0][0]) if self.db.has_table(self.table) else 0
+        return max(int(self.db.meta_count(self.fresh_key)), rows)
 
     def hits(self) -> int:
         return int(self.db.meta_count(self.hits_key))

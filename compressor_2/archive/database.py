@@ -32,8 +32,10 @@ class RunArchive:
     def __init__(self, db: Database) -> None:
         self.db = db
         self._candidates = Candidates(db)
-        self.evaluations = AnswerTable(db, "evaluations", "cache_hits", self._candidates.owner)  # the search's cache
-        self.check_answers = AnswerTable(db, "check_answers", "check_cache_hits", self._candidates.owner)
+        self.evaluations = AnswerTable(db, "evaluations", "cache_hits", "fresh_answers",
+                                       self._candidates.owner)  # the search's cache
+        self.check_answers = AnswerTable(db, "check_answers", "check_cache_hits", "check_fresh_answers",
+                                         self._candidates.owner)
         self._checks = CheckResults(db)
         self._records = Records(db)
         self._log = RunLog(db)

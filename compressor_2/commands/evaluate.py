@@ -25,7 +25,7 @@ def run_evaluate(config: Config, deltas_path: Path | None, indices: str | None,
     from compressor_2.clusters.clusterset import cluster_map_digest
     from compressor_2.commands.run_directory import check_cluster_outputs, check_output_dir, check_output_file
     from compressor_2.data import examples_from_config
-    from compressor_2.engines import make_engine
+    from compressor_2.engines import check_model, make_engine
     from compressor_2.judges import make_judge
 
     # Every input is checked before the model loads: a typo should cost seconds.
@@ -37,6 +37,8 @@ def run_evaluate(config: Config, deltas_path: Path | None, indices: str | None,
         option = "evaluate's report"
     check_output_file(out, option, config, {"--deltas": deltas_path}, kind="JSON file", example="evaluation.json")
     check_cluster_outputs(config)
+    examples = examples_from_config(config, indices)
+    check_model(config, {e.id: e.prompt for e in examples})
     clusters = build_clusters(config)
     # The genome the engine steers with: CONFIG_DELTA_PHASES vectors (a plain file in each).
     ids = gene_ids(clusters.cluster_ids, config.delta_phases)
@@ -44,7 +46,6 @@ def run_evaluate(config: Config, deltas_path: Path | None, indices: str | None,
         check_fingerprint(deltas_path, cluster_map_digest(clusters), force)
     deltas = (to_list(load_deltas(deltas_path, clusters.cluster_ids, config.delta_phases)) if deltas_path is not None
               else [0.0] * len(ids))
-    examples = examples_from_config(config, indices)
     judge = make_judge(config)
     engine = make_engine(config, clusters, {e.id: e.prompt for e in examples})
     try:

@@ -1,11 +1,13 @@
 """`python -m compressor_2 evolve`: preflight, open the run, drive it, close it.
 
-- Preflight, under the run directory's lock and before anything is written or rebuilt:
-  the output and cluster paths, a directory of a compressor_2 before the archive, the
-  settings a resumed run was started with (the clusters' own among them); then the
-  clusters are built (or reused: what an up-to-date set still owes its directory is
-  written later), the initial deltas checked against them, the training pool and
-  held-out questions read.
+- Preflight, before anything is written or rebuilt (the lock file included): the output
+  and cluster paths (a directory another evolve holds refused at once), the training
+  pool and held-out questions, the model's weights and every prompt the run will send
+  against its context (`check_model`); then, under the run directory's lock: a
+  directory of a compressor_2 before the archive, the settings a resumed run was started
+  with (the clusters' own among them); then the clusters are built (or reused: what an
+  up-to-date set still owes its directory is written later), the initial deltas checked
+  against them.
 - Opening the run: the run archive (its identity compared on a resume: see
   resume/identity.py), the evaluator (answers cached in the archive, under the answer
   context the run recorded at its start), the reflector (every call recorded in it), the
@@ -44,7 +46,9 @@ from compressor_2.deltas import Deltas, check_fingerprint, fingerprint_path, gen
 from compressor_2.fitness import Evaluator, answer_context
 from compressor_2.outputs import FRONT_PLOT
 from compressor_2.reflector import PROMPT_DIR
-from compressor_2.resume import RunInputs, check_identity, check_settings, model_identity, recorded_context, run_lock
+from compressor_2.resume import (
+    RunInputs, check_identity, check_not_in_use, check_settings, model_identity, recorded_context, run_lock,
+)
 from compressor_2.run import DELTAS_BEST, PROCESSOR_BEST, BestEver, Budget, Limits, Run, Workers, drive, shortfall
 from compressor_2.strategies import Plugin, load_strategy
 from compressor_2.verdict import Checks, other_side_examples, simpler_options
@@ -72,6 +76,7 @@ class Inputs:
     initial: Deltas
     context: str
     model: str  # model_identity
+    prompts: dict[str, str]  # every prompt the run will send, by example id (`every_prompt`)
     owed: tuple[Callable[[], None], ...] = ()  # made by the session's `begin`
 
 
@@ -84,29 +89,39 @@ def evolve(config: Config) -> None:
 
 @contextlib.contextmanager
 def preflight(config: Config) -> Iterator[Inputs]:
-    """Everything checked before any work, under the run directory's lock (held until the
-    run ends); nothing is written or rebuilt before a resume's settings are compared, and
+    """Everything checked before any work, what needs no run file before the run directory's
+    lock is taken, the rest under it (held until the run ends); nothing is written or rebuilt before a resume's settings are compared, and
     nothing but a rebuild (whose map the run's identity compares) before the session's
     `begin`."""
     from compressor_2.clusters.build import build_clusters
     from compressor_2.clusters.clusterset import cluster_map_digest
     from compressor_2.data import examples_from_config, holdout_examples
+    from compressor_2.engines import check_model
 
     out = config.output_dir
     check_output_dir(out)
+    check_not_in_use(out)
     check_cluster_outputs(config)
+    examples = tuple(examples_from_config(config))
+    heldout = tuple(holdout_examples(config, examples))
+    prompts = every_prompt(config, (*examples, *heldout))
+    check_model(config, prompts)
     with run_lock(out):
         _refuse_pre_archive_directory(out)
-        examples = tuple(examples_from_config(config))
         model = model_identity(config)
         kept = _refuse_changed_settings(out, config, RunInputs(None, examples, None, model))
         owed: list[Callable[[], None]] = []
         clusters = build_clusters(config, later=owed)
         digest = cluster_map_digest(clusters)
         initial = _initial_deltas(config, clusters.cluster_ids, digest)
-        heldout = tuple(holdout_examples(config, examples))
         context = kept or answer_context(answer_settings(config, clusters.fingerprint))
-        yield Inputs(clusters, digest, examples, heldout, initial, context, model, tuple(owed))
+        yield Inputs(clusters, digest, examples, heldout, initial, context, model, prompts, tuple(owed))
+
+
+def every_prompt(config: Config, asked: tuple[Example, ...]) -> dict[str, str]:
+    """Every prompt the run will send by example id: the pool's and the held-out questions',
+    and the instruction tool's on the instruction's other side."""
+    return {e.id: e.prompt for e in (*asked, *other_side_examples(config, asked))}
 
 
 def _initial_deltas(config: Config, cluster_ids: tuple[str, ...], digest: str) -> Deltas:
@@ -141,9 +156,7 @@ def open_run(config: Config, inputs: Inputs, strategy: Plugin) -> Iterator[tuple
             tokens = AnswerTokens.from_config(config, inputs.clusters)
             reflector = make_reflector(config, inputs.clusters, recorder=archive.record_call, tokens=tokens)
             # Every prompt the run will send, the checks' too: checked before any work.
-            asked = (*inputs.examples, *inputs.heldout)
-            engine = LazyEngine(config, inputs.clusters,
-                                {e.id: e.prompt for e in (*asked, *other_side_examples(config, asked))})
+            engine = LazyEngine(config, inputs.clusters, inputs.prompts)
             yield services(config, inputs, archive, identity, reflector, engine, tokens, workers, strategy)
     finally:
         if reflector is not None:

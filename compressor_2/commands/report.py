@@ -7,7 +7,7 @@ from __future__ import annotations
 from compressor_2.archive import ARCHIVE_FILE, RunArchive
 from compressor_2.config import Config
 from compressor_2.outputs import write_report
-from compressor_2.verdict import Claims, measured, read_record, refuse_lost, standing
+from compressor_2.verdict import Claims, measured, read_record, refuse_emptied_heldout, refuse_lost, standing
 
 
 def run_report(config: Config) -> None:
@@ -19,7 +19,9 @@ def run_report(config: Config) -> None:
     try:
         now = standing(archive)
         # Before report.html is written.
-        refuse_lost(Claims(archive, pool, heldout), measured(now, read_record(archive)))
+        claims = Claims(archive, pool, heldout)
+        refuse_lost(claims, measured(now, read_record(archive)))
+        refuse_emptied_heldout(claims, now)
         path = write_report(archive, config.output_dir, pool, heldout, now)
     finally:
         archive.close()

@@ -41,6 +41,7 @@ from compressor_2.verdict import (
     measured,
     points_claim,
     read_record,
+    refuse_emptied_heldout,
     refuse_lost,
     standing,
     tokens_change,
@@ -71,6 +72,7 @@ def front_table(archive: RunArchive, claims: Claims) -> str:
     simpler tools, once measured."""
     now = standing(archive)
     refuse_lost(claims, measured(now, read_record(archive)))
+    refuse_emptied_heldout(claims, now)
     front = now.front()
     if not front:
         return "the front is empty: no candidate has been assessed yet"

@@ -58,16 +58,20 @@ def remove_orphans(directory: Path) -> list[Path]:
 
 
 def why_unwritable(directory: Path) -> str | None:
-    """Makes `directory` and creates and removes one temp file there, as a write does; None
-    when that worked, else why the writes that matter could not be made there (phrased to
-    follow the directory's name)."""
+    """Creates and removes one temp file in `directory`, as a write does, or, while it does
+    not exist yet, in the nearest folder above it that does (where it would be made): nothing
+    is left behind, not even the directory, for a command refused later. None when that
+    worked, else why the writes that matter could not be made there (phrased to follow the
+    directory's name)."""
+    existing = directory
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return "is not a directory (a file stands there or above it)"
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = _temp_file(directory / "probe")
+        fd, tmp = _temp_file(existing / "probe")
         os.unlink(tmp)
         os.close(fd)
-    except (FileExistsError, NotADirectoryError):
-        return "is not a directory (a file stands there or above it)"
     except OSError as exc:
         return f"cannot be written ({exc.strerror})"
     return None

@@ -23,11 +23,15 @@ def file_kind(mode: int) -> str:
 
 def file_identity(path: Path) -> tuple[int, int] | Path:
     """The same file whatever the path's spelling: (device, inode) when it exists (hard links
-    included), else the absolute path with symbolic links resolved."""
+    included), else the absolute path with symbolic links resolved (as spelt where they loop:
+    no file stands there)."""
     try:
         found = os.stat(path)
     except OSError:
-        return path.resolve()
+        try:
+            return path.resolve()
+        except RuntimeError:  # a symbolic-link loop
+            return Path(os.path.abspath(path))
     return found.st_dev, found.st_ino
 
 

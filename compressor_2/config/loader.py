@@ -204,7 +204,7 @@ def _checked(r: Reader) -> dict[str, Any]:
     )
     check_each_once(holdout_indices, "CONFIG_HOLDOUT_INDICES")
     instruction = r.string("COMPARE_INSTRUCTION").strip()
-    require(len(instruction) <= MAX_INSTRUCTION and not re.search(r"[\x00-\x1f\x7f]", instruction),
+    require(len(instruction) <= MAX_INSTRUCTION and not re.search(r"[\x00-\x1f\x7f-\x9f]", instruction),
             f"CONFIG_COMPARE_INSTRUCTION must be at most {MAX_INSTRUCTION} characters, with no control character")
     require(instruction != "" or not r.flag("INSTRUCTION_IN_SEARCH"),
             "CONFIG_INSTRUCTION_IN_SEARCH=y needs an instruction: CONFIG_COMPARE_INSTRUCTION is blank")

@@ -16,6 +16,7 @@ version is installed with its file.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib.metadata
 import importlib.util
 import os
@@ -55,17 +56,37 @@ def installed_gguf() -> Path:
 def link_model(target: Path, gguf: Path) -> bool:
     """Makes `target` a symbolic link to `gguf` (its folder made when missing); returns whether
     it made or replaced one. A file or folder there that is not a link is refused: it may be
-    the user's."""
+    the user's; so is a place the link cannot be made (a read-only disk, a file where its
+    folder should be, a loop of links on the way), in one line naming it."""
     if target.is_symlink():
         if Path(os.readlink(target)) == gguf:
             return False
-        target.unlink()
     elif target.exists():
         raise ModelNotFound(f"'{target}' (CONFIG_MODEL_PATH) exists and is not the link to {GGUF} that make run-real "
                             "makes: move it away, or point CONFIG_MODEL_PATH elsewhere")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.symlink_to(gguf)
+    try:
+        if target.is_symlink():
+            target.unlink()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.symlink_to(gguf)
+    except OSError as exc:
+        raise ModelNotFound(f"CONFIG_MODEL_PATH='{target}' cannot be made the link to {gguf}: "
+                            f"{_why_not_linked(target, exc)}") from None
     return True
+
+
+def _why_not_linked(target: Path, exc: OSError) -> str:
+    """The reason, in words, that `exc` stopped the link at `target` being made."""
+    if exc.errno == errno.EROFS:
+        return (f"its folder '{target.parent}' is on a read-only file system: point CONFIG_MODEL_PATH at a "
+                "writable place")
+    for above in reversed(target.parents):  # from the root down: the first that is no folder
+        if above.is_symlink() and not above.exists():
+            return (f"'{above}' is a symbolic link that loops or leads nowhere: remove it, or point "
+                    "CONFIG_MODEL_PATH elsewhere")
+        if above.exists() and not above.is_dir():
+            return f"'{above}' is not a folder: move it away, or point CONFIG_MODEL_PATH elsewhere"
+    return f"{exc.strerror or exc}: point CONFIG_MODEL_PATH at a place this user may write"
 
 
 def main(argv: list[str] | None = None) -> int:

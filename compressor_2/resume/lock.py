@@ -29,6 +29,24 @@ def run_lock(directory: Path) -> Iterator[None]:
     """Holds an exclusive lock on `directory` or refuses at once. The kernel drops the
     lock when the process dies, however it dies, so a killed run never blocks a rerun."""
     directory.mkdir(parents=True, exist_ok=True)
+    fd = _locked(directory)
+    try:
+        _write_pid(directory / LOCK_FILE)
+        yield
+    finally:
+        os.close(fd)
+
+
+def check_not_in_use(directory: Path) -> None:
+    """Refuses at once, before the checks that take seconds, a run directory another evolve
+    holds; takes nothing and makes nothing (`run_lock` takes the lock once they passed)."""
+    if directory.is_dir():
+        os.close(_locked(directory))
+
+
+def _locked(directory: Path) -> int:
+    """An open descriptor of `directory` holding its exclusive lock; RunError naming the
+    holder when another process holds it."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -36,11 +54,7 @@ def run_lock(directory: Path) -> Iterator[None]:
         os.close(fd)
         raise RunError(f"'{directory}' is in use by another evolve (pid {_holder(directory)}): wait for it to finish "
                        "or stop it, or choose another CONFIG_OUTPUT_DIR") from None
-    try:
-        _write_pid(directory / LOCK_FILE)
-        yield
-    finally:
-        os.close(fd)
+    return fd
 
 
 def check_lock_file(path: Path) -> None:

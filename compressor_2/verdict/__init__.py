@@ -1,7 +1,9 @@
 """What a run gained, outside any loop: `standing`, `Checks`, `Claims`, their confidence, simpler tools, six arms."""
 
 from compressor_2.verdict.arms import arm_results, arms_lines
-from compressor_2.verdict.checks import BASELINE_ID, Checks, Measured, Standing, measured, refuse_lost, standing
+from compressor_2.verdict.checks import (
+    BASELINE_ID, Checks, Measured, Standing, measured, refuse_emptied_heldout, refuse_lost, standing,
+)
 from compressor_2.verdict.claims import HELDOUT, TRAINING, Arm, Claims
 from compressor_2.verdict.confidence import (
     LEVEL, Paired, ci, correctness_claim, does_as_well, p_text, points_claim, tokens_change, tokens_claim, verdict,
@@ -18,5 +20,5 @@ from compressor_2.verdict.simpler import (
 __all__ = ["BASELINE_ID", "HELDOUT", "LEVEL", "TRAINING", "Arm", "Checks", "Claims", "Measured", "Paired", "Point",
            "Standing", "affordable", "affordable_bound", "arm_results", "arms_lines", "ci", "correctness_claim",
            "does_as_well", "measured", "other_side_examples", "p_text", "pareto_front", "points_claim", "read_record",
-           "refuse_lost", "simpler_options", "standing", "tokens_change", "tokens_claim", "tool_rows", "tools_verdict",
+           "refuse_emptied_heldout", "refuse_lost", "simpler_options", "standing", "tokens_change", "tokens_claim", "tool_rows", "tools_verdict",
            "verdict"]
