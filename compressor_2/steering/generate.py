@@ -16,7 +16,7 @@ import inspect
 import textwrap
 from pathlib import Path
 
-from compressor_2.clusters.clusterset import ClusterSet, cluster_map_digest, load_cluster_set
+from compressor_2.clusters.clusterset import ArtifactPaths, ClusterSet, cluster_map_digest, load_cluster_set
 from compressor_2.clusters.layout import FINGERPRINT_FILE, UNSTEERED
 from compressor_2.common import atomic_write_text
 from compressor_2.config import Config
@@ -92,10 +92,12 @@ def render_processor(deltas: list[float], clusters: ClusterSet, deltas_path: Pat
     return "\n\n\n".join(part.strip("\n") for part in parts) + "\n"
 
 
-def generate_processor(config: Config, deltas_path: Path, out: Path, force: bool = False) -> None:
+def generate_processor(config: Config, deltas_path: Path, out: Path, force: bool = False,
+                       paths: ArtifactPaths | None = None) -> None:
     """Write the standalone processor for the deltas in `deltas_path` to `out`, over the
-    config's clusters; deltas recorded for other clusters are refused unless `force`."""
-    print(write_processor(load_cluster_set(config), deltas_path, out, force))
+    config's clusters (at `paths` when handed); deltas recorded for other clusters are
+    refused unless `force`."""
+    print(write_processor(load_cluster_set(config, paths), deltas_path, out, force))
 
 
 def write_processor(clusters: ClusterSet, deltas_path: Path, out: Path, force: bool = False) -> str:
