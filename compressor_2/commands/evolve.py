@@ -94,7 +94,7 @@ def preflight(config: Config, files: Files) -> Iterator[Inputs]:
     from compressor_2.data import examples_from_config, holdout_examples
 
     out = config.output_dir
-    files.check_output_dir()
+    files.check_output_dir(run=True)
     files.check_cluster_outputs()
     with run_lock(out):
         _refuse_pre_archive_directory(out)

@@ -142,12 +142,13 @@ class Files:
         if reason := why_unwritable(out.parent):
             raise ConfigError(f"{where}: its directory {reason}")
 
-    def check_output_dir(self) -> None:
+    def check_output_dir(self, run: bool = False) -> None:
         """CONFIG_OUTPUT_DIR must be a directory this process can write, holding each file a
         run writes there as the kind it writes (a regular file; `reflector_prompts/` a
-        directory) and none that is an input, and that is found out here, before any work:
-        the first save would otherwise fail after a generation's, and a FIFO for run.lock
-        held `evolve` for ever."""
+        directory), and that is found out here, before any work: the first save would
+        otherwise fail after a generation's, and a FIFO for run.lock held `evolve` for ever.
+        `run`: the command is the run, which writes every one of those files: none may be an
+        input (another command may read the run's deltas_best.json, say, as its input)."""
         from compressor_2.reflector import PROMPT_DIR
         from compressor_2.resume import LOCK_FILE, check_lock_file
 
@@ -164,8 +165,8 @@ class Files:
             if not (stat.S_ISDIR(mode) if directory else stat.S_ISREG(mode)):
                 kind = "a directory" if directory else "a regular file"
                 raise ConfigError(f"'{path}' is {file_kind(mode)}, not {kind}: a run writes it; move it away")
-            if (entry := self.protected(path, "CONFIG_OUTPUT_DIR")) is not None:
-                raise ConfigError(f"'{path}' is {entry.what}, which a run in CONFIG_OUTPUT_DIR writes over: choose "
+            if run and (entry := self.protected(path, "CONFIG_OUTPUT_DIR")) is not None:
+                raise ConfigError(f"CONFIG_OUTPUT_DIR's {path.name} '{path}' is {entry.what}: a run writes it; choose "
                                   "another CONFIG_OUTPUT_DIR, or move the input away")
 
     def check_cluster_outputs(self) -> None:
