@@ -1738,6 +1738,20 @@ def test_no_writing_command_writes_over_an_input_the_config_names(command: str, 
     assert every_file(tmp_path) == before
 
 
+def test_evaluate_reads_the_initial_deltas_a_build_wrote_and_leaves_them_as_they_were(tmp_path, shared,
+                                                                                     tiny_model_dir, capsys):
+    """A deltas option may name the initial deltas, which a build of the same directory may
+    write: they are an input of the build's own, not a file another input takes."""
+    scene = Scene(tmp_path, shared, tiny_model_dir, tmp_path, lambda strategy: tmp_path)
+    clusters = scene.clusters_copy()
+    initial = tmp_path / "clusters" / "initial_deltas.json"
+    before = every_file(tmp_path / "clusters")
+    argv = scene.command("evaluate", "--deltas", str(initial), "--indices", "0", "--out", str(tmp_path / "e.json"),
+                         **clusters)
+    assert main(argv) == 0, capsys.readouterr().err
+    assert every_file(tmp_path / "clusters") == before and (tmp_path / "e.json").is_file()
+
+
 # == Issue AB, item 1: an emptied answer cache is a cache: evolve makes the answers again =========
 
 # A run with a held-out question and the simpler tools (their cap reads the baseline's answers).

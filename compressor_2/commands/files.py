@@ -58,6 +58,7 @@ class Entry:
     path: Path
     role: Role
     what: str  # how a refusal names it
+    command_line: bool = False  # a command's own option (`--deltas`, `--data`), not the config
 
     @property
     def shown(self) -> str:
@@ -106,22 +107,25 @@ class Files:
         return tuple(Entry("CONFIG_OUTPUT_DIR", out / name, Role.RUN_FILE, f"a file of the run in '{out}'")
                      for name in sorted(owned_files()))
 
-    def protected(self, out: Path, option: str) -> Entry | None:
+    def protected(self, out: Path, option: str, command_line: bool = True) -> Entry | None:
         """The input or cluster artifact (other than the one `option` names itself) that a
-        write to `out` would replace; None for a symbolic link, which a write replaces
-        rather than writes through (and which `check_output` refuses)."""
+        write to `out` would replace, the command's own input options among them when
+        `command_line`; None for a symbolic link, which a write replaces rather than writes
+        through (and which `check_output` refuses)."""
         if out.is_symlink():
             return None
         target = file_identity(out)
-        return next((e for e in self.entries if e.option != option and file_identity(e.path) == target), None)
+        return next((e for e in self.entries if e.option != option and (command_line or not e.command_line)
+                     and file_identity(e.path) == target), None)
 
-    def check_output(self, out: Path, option: str, kind: str = "file", example: str = "",
-                     run_file: bool = False) -> None:
+    def check_output(self, out: Path, option: str, kind: str = "file", example: str = "", run_file: bool = False,
+                     command_line: bool = True) -> None:
         """Refuses, in one line naming `option` (how the user named `out`, e.g. `evaluate
         --out`), a file a command is about to write when the write would destroy something:
         anything that is neither a new path nor a regular file (a directory, a symbolic link,
         a FIFO, a device), an input, a cluster artifact, or a file a run owns (unless
-        `run_file`: the command writes that run file itself). `example`: a name to suggest."""
+        `run_file`: the command writes that run file itself). `example`: a name to suggest;
+        `command_line`: the command's own input options are inputs here too."""
         where = f"{option} '{out}'"
         try:
             mode = os.lstat(out).st_mode
@@ -134,7 +138,7 @@ class Files:
         if mode is not None and not stat.S_ISREG(mode):
             raise ConfigError(f"{where} is {file_kind(mode)}, not a regular file: a write would replace it; name a new "
                               f"{kind} or a regular one")
-        if (entry := self.protected(out, option)) is not None:
+        if (entry := self.protected(out, option, command_line)) is not None:
             raise ConfigError(f"{where} is {entry.what}: choose another name")
         if not run_file and (run := self.run_owning(out)):
             raise ConfigError(f"{where} is a file of the run in '{run}': choose another name"
@@ -187,12 +191,14 @@ class Files:
             # wrote there, or links to, is an input the build leaves alone.
             written += [("CONFIG_INITIAL_DELTAS_PATH", initial, False), (SIDECAR, fingerprint_path(initial), True)]
         for option, path, sidecar in written:
-            if (entry := self.protected(path, option)) is not None:
+            # A deltas option may name the initial deltas (an option naming what a build writes
+            # in another role was refused when the table was made).
+            if (entry := self.protected(path, option, command_line=False)) is not None:
                 raise ConfigError(f"{option}='{path}' is {entry.what}: a cluster build would write over it; choose "
                                   "another path")
             if reason := why_not_writable(paths, path, sidecar):
                 raise ConfigError(f"{option}='{path}' {reason}")
-            self.check_output(path, option, kind="JSON file")
+            self.check_output(path, option, kind="JSON file", command_line=False)
 
     def run_owning(self, out: Path) -> Path | None:
         """The run directory `out` is a file of (its own files and its prompt log), or None."""
@@ -252,9 +258,10 @@ def _inputs(config: Config, options: Mapping[str, Path | None]) -> tuple[Entry, 
         *(("CONFIG_MODEL_PATH", path, f"a file of the input CONFIG_MODEL_PATH ({path.name})")
           for path in model_files(config.model_path)),
     ]
-    named += [(option, path, f"its own input {option.split()[-1]}") for option, path in options.items()]
-    return tuple(Entry(option, path, Role.INPUT, what or f"the input {option}")
-                 for option, path, what in named if path is not None)
+    return (*(Entry(option, path, Role.INPUT, what or f"the input {option}") for option, path, what in named
+              if path is not None),
+            *(Entry(option, path, Role.INPUT, f"its own input {option.split()[-1]}", command_line=True)
+              for option, path in options.items() if path is not None))
 
 
 def owned_files() -> frozenset[str]:
