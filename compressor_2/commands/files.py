@@ -266,8 +266,8 @@ def _inputs(config: Config, options: Mapping[str, Path | None]) -> tuple[Entry, 
 
 def owned_files() -> frozenset[str]:
     """The names `evolve` writes in its output directory, whatever the strategy: other
-    commands must not write over them. A strategy declares its own (`OUTPUT_FILES`), so a
-    new one cannot be forgotten here."""
+    commands must not write over them. A strategy declares its own once (`FILES`, which its
+    state format is made with), so a new one cannot be forgotten here."""
     from compressor_2.archive import ARCHIVE_FILE
     from compressor_2.engines import LOG_NAME
     from compressor_2.outputs import FITNESS_PLOT, FRONT_PLOT, LENGTHS_PLOT, REPORT_FILE, TREE_FILE, TREE_PLOT
@@ -280,4 +280,4 @@ def owned_files() -> frozenset[str]:
         HISTORY_FILE, TREE_FILE, TREE_PLOT, FITNESS_PLOT, LENGTHS_PLOT, FRONT_PLOT, REPORT_FILE, DELTAS_BEST,
         PROCESSOR_BEST, fingerprint_path(Path(DELTAS_BEST)).name, LOG_NAME,
     }
-    return frozenset(shared.union(*(load_strategy(name).OUTPUT_FILES for name in strategy_names())))
+    return frozenset(shared.union(*(load_strategy(name).FILES.names() for name in strategy_names())))
