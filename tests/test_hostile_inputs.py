@@ -1693,6 +1693,8 @@ INPUTS = [
 def output_at(command: str, scene: Scene, given: Input) -> tuple[list[str], str]:
     """The command line writing over `given`, planted for `command`, and the refusal's start."""
     clusters = scene.clusters_copy()
+    if command in ("export", "report"):
+        scene.finished_run()
     path, symbols = given.put(scene, scene.out / "report.html" if command in ("report", "evolve") else None)
     symbols = {**clusters, **symbols}
     shown = re.escape(str(path))
@@ -1705,8 +1707,6 @@ def output_at(command: str, scene: Scene, given: Input) -> tuple[list[str], str]
     else:
         args = {"evaluate": ["--indices", "0-1"], "generate-processor": ["--deltas", str(planted(scene, b"{}"))],
                 "export": ["--candidate", best_candidate(scene)]}[command]
-        if command == "export":
-            scene.finished_run()
         argv, start = scene.command(command, *args, "--out", str(path), **symbols), f"{command} --out '{shown}'"
     if given.name == "the config":
         # The config is the input: it names itself (written last, where the input is).

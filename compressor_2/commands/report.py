@@ -14,12 +14,12 @@ def run_report(files: Files) -> None:
     from compressor_2.data import examples_from_config, holdout_examples
 
     config = files.config
-    # report.html is the run's own file, which this command writes; never over an input.
-    files.check_output(config.output_dir / REPORT_FILE, "report's page", kind="HTML page", run_file=True)
     pool = examples_from_config(config)
     heldout = holdout_examples(config, pool)
     archive = RunArchive.open_read_only(config.output_dir / ARCHIVE_FILE)
     try:
+        # report.html is the run's own file, which this command writes; never over an input.
+        files.check_output(config.output_dir / REPORT_FILE, "report's page", kind="HTML page", run_file=True)
         now = standing(archive)
         # Before report.html is written.
         refuse_lost(Claims(archive, pool, heldout), measured(now, read_record(archive)))
