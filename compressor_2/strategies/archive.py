@@ -34,15 +34,7 @@ from compressor_2.deltas import to_list
 from compressor_2.fitness import Evaluation, Record
 from compressor_2.reflector import MergeRequest, MutationRequest, VectorRequest, estimated_call_tokens
 from compressor_2.resume import (
-    CONCURRENCY,
-    STEPS,
-    Option,
-    RunFiles,
-    Score,
-    StateFormat,
-    compared,
-    state_json,
-    step_entry,
+    CONCURRENCY, STEPS, Option, RunFiles, Score, StateFormat, compared, state_json, step_entry,
 )
 from compressor_2.run import Cost, NewCandidate, Report, Run, Strategy
 from compressor_2.strategies import options_of
