@@ -15,10 +15,14 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from compressor_2.common import ConfigError, RunError, ScrubFilter, scrub, stop_on_first_signal, stopping
-from compressor_2.config import Config, load_config
+from compressor_2.config import load_config
 from compressor_2.pretrained import check_model_path
+
+if TYPE_CHECKING:
+    from compressor_2.commands.files import Files
 
 DESCRIPTION = ("compressor_2: evolve per-cluster logit steering deltas so that an LLM answers briefly "
                "without answering worse. Configure with `make menuconfig` (writes .config), then run "
@@ -33,28 +37,27 @@ class Command:
     name: str
     help: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[Config, argparse.Namespace], None]
+    run: Callable[[Files, argparse.Namespace], None]  # handed the table of the command's files
 
 
 def _no_arguments(parser: argparse.ArgumentParser) -> None:
     del parser
 
 
-def _check_config(config: Config, args: argparse.Namespace) -> None:
+def _check_config(files: Files, args: argparse.Namespace) -> None:
     print(f"{args.config}: OK")
-    print(config.summary())
+    print(files.config.summary())
 
 
 def _build_clusters_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="rebuild even when the cache is fresh")
 
 
-def _build_clusters(config: Config, args: argparse.Namespace) -> None:
+def _build_clusters(files: Files, args: argparse.Namespace) -> None:
     from compressor_2.clusters.build import build_clusters
-    from compressor_2.commands.run_directory import check_cluster_outputs
 
-    check_cluster_outputs(config)
-    build_clusters(config, force=args.force)
+    files.check_cluster_outputs()
+    build_clusters(files.config, force=args.force, paths=files.artifacts)
 
 
 def _generate_processor_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,13 +67,11 @@ def _generate_processor_arguments(parser: argparse.ArgumentParser) -> None:
                         help="use deltas recorded for other clusters than the current ones")
 
 
-def _generate_processor(config: Config, args: argparse.Namespace) -> None:
-    from compressor_2.commands.run_directory import check_output_file
+def _generate_processor(files: Files, args: argparse.Namespace) -> None:
     from compressor_2.steering.generate import generate_processor
 
-    check_output_file(args.out, "generate-processor --out", config, {"--deltas": args.deltas}, kind="Python module",
-                      example="processor.py")
-    generate_processor(config, deltas_path=args.deltas, out=args.out, force=args.force)
+    files.check_output(args.out, "generate-processor --out", kind="Python module", example="processor.py")
+    generate_processor(files.config, deltas_path=args.deltas, out=args.out, force=args.force, paths=files.artifacts)
 
 
 def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,19 +88,20 @@ def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="use deltas recorded for other clusters than the current ones")
 
 
-def _evaluate(config: Config, args: argparse.Namespace) -> None:
+def _evaluate(files: Files, args: argparse.Namespace) -> None:
     from compressor_2.commands.evaluate import run_evaluate
 
+    config = files.config
     if args.data is not None:
         config = dataclasses.replace(config, financebench_jsonl_path=args.data)
-    run_evaluate(config, deltas_path=args.deltas, indices=args.indices, out=args.out, force=args.force)
+    run_evaluate(config, deltas_path=args.deltas, indices=args.indices, out=args.out, force=args.force, files=files)
 
 
-def _evolve(config: Config, args: argparse.Namespace) -> None:
+def _evolve(files: Files, args: argparse.Namespace) -> None:
     del args
     from compressor_2.commands.evolve import evolve
 
-    evolve(config)
+    evolve(files.config, files)
 
 
 def _show_arguments(parser: argparse.ArgumentParser) -> None:
@@ -110,10 +112,10 @@ def _show_arguments(parser: argparse.ArgumentParser) -> None:
                         "fitness, held-out results)")
 
 
-def _show(config: Config, args: argparse.Namespace) -> None:
+def _show(files: Files, args: argparse.Namespace) -> None:
     from compressor_2.commands.show import run_show
 
-    run_show(config, args.candidate, front=args.front)
+    run_show(files.config, args.candidate, front=args.front)
 
 
 def _export_arguments(parser: argparse.ArgumentParser) -> None:
@@ -133,18 +135,18 @@ def _export_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the confidence of the intervals export chooses by and prints (default 0.95)")
 
 
-def _export(config: Config, args: argparse.Namespace) -> None:
+def _export(files: Files, args: argparse.Namespace) -> None:
     from compressor_2.commands.export import run_export
 
-    run_export(config, args.max_correctness_drop, args.candidate, args.out, force=args.force,
+    run_export(files, args.max_correctness_drop, args.candidate, args.out, force=args.force,
                confidence=args.confidence)
 
 
-def _report(config: Config, args: argparse.Namespace) -> None:
+def _report(files: Files, args: argparse.Namespace) -> None:
     del args
     from compressor_2.commands.report import run_report
 
-    run_report(config)
+    run_report(files)
 
 
 # The commands that read CONFIG_MODEL_PATH: each checks first what can be said of it cheaply.
@@ -199,13 +201,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
-        from compressor_2.clusters.written import check_inputs
+        from compressor_2.commands.files import Files
 
-        check_inputs(config, {f"{args.command} {option}": path for option, path in
-                              (("--deltas", getattr(args, "deltas", None)), ("--data", getattr(args, "data", None)))})
+        # Made once, here: every file the command reads or writes, by role; an input a
+        # cluster build writes in another role is refused as it is made.
+        options = {f"{args.command} {option}": getattr(args, option[2:], None) for option in ("--deltas", "--data")}
+        files = Files.of(config, options)
         if args.command in MODEL_READERS:
             check_model_path(config.model_path)
-        args.run(config, args)
+        args.run(files, args)
     except ConfigError as exc:
         return _fail(args, exc, 2)
     except RunError as exc:

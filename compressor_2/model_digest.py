@@ -36,15 +36,25 @@ def model_digest(model_path: str | Path) -> str | None:
     anything else (a hub id)."""
     if (gguf := gguf_file(model_path)) is not None:
         return f"1 file, sha256 {file_digest(gguf)[:DIGEST_CHARS]}"
-    folder = Path(model_path)
-    if not folder.is_dir():
+    if not Path(model_path).is_dir():
         return None
-    files = sorted(p for p in folder.iterdir() if _is_model_file(p))
+    files = model_files(model_path)
     digest = hashlib.sha256()
     with _cache() as cache:
         for path in files:
             digest.update(f"{path.name}\0{_file_digest(path, cache)}\n".encode("utf-8"))
     return f"{len(files)} files, sha256 {digest.hexdigest()[:DIGEST_CHARS]}"
+
+
+def model_files(model_path: str | Path) -> tuple[Path, ...]:
+    """The files that make the model at `model_path`, those its digest reads: the GGUF file,
+    or a directory's model files; none for a hub id."""
+    if (gguf := gguf_file(model_path)) is not None:
+        return (gguf,)
+    folder = Path(model_path)
+    if not folder.is_dir():
+        return ()
+    return tuple(sorted(p for p in folder.iterdir() if _is_model_file(p)))
 
 
 def file_digest(path: Path) -> str:

@@ -28,6 +28,7 @@ import pytest
 
 from compressor_2.cli import main
 from tests.test_evolution_support import DEFAULT_NGEN, write_config
+from tests.gguf_helpers import write_tiny_gguf
 
 pytestmark = pytest.mark.slow
 
@@ -1220,7 +1221,8 @@ OTHER_RUNS = r"'.*other_run/{}' is a file of the run in '.*other_run'"
 
 WRITES = [
     Write("descriptions over the training data", descriptions_at(lambda s, t: t.data),
-          NOT_WRITTEN_HERE.format(r"data\.jsonl")),
+          r"CONFIG_CLUSTER_DESCRIPTIONS_PATH='.*data\.jsonl' is the input CONFIG_FINANCEBENCH_JSONL_PATH: a cluster "
+          r"build would write over it"),
     Write("descriptions over the model's tokenizer", descriptions_at(lambda s, t: t.model / "tokenizer.json"),
           NOT_WRITTEN_HERE.format(r"model/tokenizer\.json")),
     Write("descriptions through a symbolic link to the data", descriptions_at(lambda s, t: linked(s, t.data)),
@@ -1231,7 +1233,7 @@ WRITES = [
           r"CONFIG_CLUSTER_DESCRIPTIONS_PATH='.*link\.json' is a symbolic link"),
     Write("descriptions over the initial deltas",
           descriptions_at(lambda s, t: s.work / "clusters" / "initial_deltas.json"),
-          r"CONFIG_CLUSTER_DESCRIPTIONS_PATH='.*initial_deltas\.json' is the file of CONFIG_INITIAL_DELTAS_PATH"),
+          r"CONFIG_CLUSTER_DESCRIPTIONS_PATH='.*initial_deltas\.json' is the input CONFIG_INITIAL_DELTAS_PATH"),
     Write("descriptions over another run's archive, its lock removed",
           descriptions_at(lambda s, t: t.other / "run.sqlite"),
           r"CONFIG_CLUSTER_DESCRIPTIONS_PATH=" + OTHER_RUNS.format(r"run\.sqlite")),
@@ -1609,6 +1611,149 @@ def test_clusters_of_another_vocabulary_are_refused_by_what_reads_them(tmp_path,
     assert left_as_it_was(scene) == before
 
 
+# One table of inputs (AE item 1) ===============================================================
+#
+# Every input the config names, as the target of every writing command's output: refused in
+# one line naming the option and the input, exit 2, before any work, and every file of the
+# scene stays byte-identical. Each row plants the input (`Input.put`) where the output
+# would go, on a copy of the clusters. `report` writes only CONFIG_OUTPUT_DIR/report.html, so
+# there the input is planted at that name (a sidecar is always named *.clusters.json: none),
+# as for `evolve`, which writes it among the run's files;
+# build-clusters writes the descriptions at CONFIG_CLUSTER_DESCRIPTIONS_PATH, named the input.
+# `evaluate --indices 0-1 --out` the held-out questions wrote its records over them before
+# there was one table.
+
+@dataclass(frozen=True)
+class Input:
+    name: str
+    put: Callable[[Scene, Path | None], tuple[Path, dict[str, str]]]  # where (None: its own place) -> path, symbols
+    what: str  # how the refusal names it
+    report: bool = True  # can be planted at report.html
+
+
+def copied(data: Callable[[Scene], bytes], symbol: str, default: str) -> Callable[[Scene, Path | None],
+                                                                          tuple[Path, dict[str, str]]]:
+    """An input holding `data` at `where` (else at `default` in the scene), named by `symbol`."""
+    def put(scene: Scene, where: Path | None) -> tuple[Path, dict[str, str]]:
+        path = where or scene.work / default
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data(scene))
+        return path, {symbol: f'"{path}"'}
+    return put
+
+
+def held_out(scene: Scene) -> bytes:
+    """Held-out questions: the training questions, asked otherwise."""
+    rows = [json.loads(line) for line in (scene.shared / "train.jsonl").read_text(encoding="utf-8").splitlines()]
+    return "".join(json.dumps({**row, "financebench_id": f"held-{row['financebench_id']}",
+                               "question": f"Held out: {row['question']}"}) + "\n" for row in rows).encode()
+
+
+def in_clusters(name: str, symbol: str) -> Callable[[Scene, Path | None], tuple[Path, dict[str, str]]]:
+    """A file of the scene's copy of the clusters; at `where`, a copy of it named by `symbol`."""
+    def put(scene: Scene, where: Path | None) -> tuple[Path, dict[str, str]]:
+        return (scene.work / "clusters" / name, {}) if where is None else copied(
+            lambda s: (s.work / "clusters" / name).read_bytes(), symbol, name)(scene, where)
+    return put
+
+
+def model_file(scene: Scene, where: Path | None) -> tuple[Path, dict[str, str]]:
+    """A file of a copy of the model's directory (CONFIG_MODEL_PATH)."""
+    del where
+    model = Path(shutil.copytree(scene.model, scene.work / "model"))
+    return model / "tokenizer.json", {"MODEL_PATH": f'"{model}"'}
+
+
+def gguf_model(scene: Scene, where: Path | None) -> tuple[Path, dict[str, str]]:
+    """A GGUF file as CONFIG_MODEL_PATH (a tiny one whose header parses: every row is refused
+    before it loads)."""
+    path = where or scene.work / "model.gguf"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_tiny_gguf(path)
+    return path, {"MODEL_PATH": f'"{path}"'}
+
+
+INPUTS = [
+    Input("the training data", copied(lambda s: (s.shared / "train.jsonl").read_bytes(), "FINANCEBENCH_JSONL_PATH",
+                                      "data.jsonl"), "the input CONFIG_FINANCEBENCH_JSONL_PATH"),
+    Input("the held-out data", copied(held_out, "HOLDOUT_DATA", "heldout.jsonl"), "the input CONFIG_HOLDOUT_DATA"),
+    Input("the prompt template", copied(lambda s: b"{question}\n{evidence}\n", "PROMPT_TEMPLATE_PATH", "template.txt"),
+          "the input CONFIG_PROMPT_TEMPLATE_PATH"),
+    Input("a GGUF model", gguf_model, "the input CONFIG_MODEL_PATH"),
+    Input("a file of the model's directory", model_file, r"a file of the input CONFIG_MODEL_PATH \(tokenizer\.json\)",
+          report=False),
+    Input("the cluster descriptions", in_clusters("cluster_descriptions.json", "CLUSTER_DESCRIPTIONS_PATH"),
+          "the input CONFIG_CLUSTER_DESCRIPTIONS_PATH"),
+    Input("the initial deltas", in_clusters("initial_deltas.json", "INITIAL_DELTAS_PATH"),
+          "the input CONFIG_INITIAL_DELTAS_PATH"),
+    Input("the initial deltas' sidecar", in_clusters("initial_deltas.clusters.json", "INITIAL_DELTAS_PATH"),
+          "the fingerprint sidecar of CONFIG_INITIAL_DELTAS_PATH", report=False),
+    Input("the config", lambda s, where: (where or s.work / "test.config", {}), r"the config file \(--config\)"),
+]
+
+
+def output_at(command: str, scene: Scene, given: Input) -> tuple[list[str], str]:
+    """The command line writing over `given`, planted for `command`, and the refusal's start."""
+    clusters = scene.clusters_copy()
+    if command in ("export", "report"):
+        scene.finished_run()
+    path, symbols = given.put(scene, scene.out / "report.html" if command in ("report", "evolve") else None)
+    symbols = {**clusters, **symbols}
+    shown = re.escape(str(path))
+    if command == "build-clusters":
+        argv = scene.command(command, **{**symbols, "CLUSTER_DESCRIPTIONS_PATH": f'"{path}"'})
+        start = f"CONFIG_CLUSTER_DESCRIPTIONS_PATH='{shown}'"
+    elif command in ("report", "evolve"):
+        argv = scene.command(command, **symbols)
+        start = f"report's page '{shown}'" if command == "report" else f"CONFIG_OUTPUT_DIR's report.html '{shown}'"
+    else:
+        args = {"evaluate": ["--indices", "0-1"], "generate-processor": ["--deltas", str(planted(scene, b"{}"))],
+                "export": ["--candidate", best_candidate(scene)]}[command]
+        argv, start = scene.command(command, *args, "--out", str(path), **symbols), f"{command} --out '{shown}'"
+    if given.name == "the config":
+        # The config is the input: it names itself (written last, where the input is).
+        config = Path(argv[2])
+        if path != config:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(config, path)
+        argv[2] = str(path)
+    return argv, start
+
+
+ONE_TABLE = [(command, given) for command in ("evaluate", "generate-processor", "export", "report", "build-clusters",
+                                              "evolve") for given in INPUTS
+             if (command not in ("report", "evolve") or given.report)
+             and not (command == "build-clusters" and given.name == "the cluster descriptions")]
+
+
+@pytest.mark.parametrize(("command", "given"), ONE_TABLE, ids=[f"{c} over {i.name}" for c, i in ONE_TABLE])
+def test_no_writing_command_writes_over_an_input_the_config_names(command: str, given: Input, tmp_path, shared,
+                                                                   tiny_model_dir, uninterrupted, capsys):
+    scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted, lambda strategy: uninterrupted)
+    argv, start = output_at(command, scene, given)
+    before = every_file(tmp_path)
+    capsys.readouterr()
+    code = main(argv)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert (code, len(lines)) == (2, 1), lines
+    assert re.fullmatch(rf"error: {start} is {given.what}: .*", lines[0]), lines[0]
+    assert every_file(tmp_path) == before
+
+
+def test_evaluate_reads_the_initial_deltas_a_build_wrote_and_leaves_them_as_they_were(tmp_path, shared,
+                                                                                     tiny_model_dir, capsys):
+    """A deltas option may name the initial deltas, which a build of the same directory may
+    write: they are an input of the build's own, not a file another input takes."""
+    scene = Scene(tmp_path, shared, tiny_model_dir, tmp_path, lambda strategy: tmp_path)
+    clusters = scene.clusters_copy()
+    initial = tmp_path / "clusters" / "initial_deltas.json"
+    before = every_file(tmp_path / "clusters")
+    argv = scene.command("evaluate", "--deltas", str(initial), "--indices", "0", "--out", str(tmp_path / "e.json"),
+                         **clusters)
+    assert main(argv) == 0, capsys.readouterr().err
+    assert every_file(tmp_path / "clusters") == before and (tmp_path / "e.json").is_file()
+
+
 # == Issue AB, item 1: an emptied answer cache is a cache: evolve makes the answers again =========
 
 # A run with a held-out question and the simpler tools (their cap reads the baseline's answers).
@@ -1725,7 +1870,7 @@ def damaged_folder(scene: Scene, edit: Callable[[dict[str, Any]], None]) -> Path
 
 def damaged_gguf(scene: Scene, **kwargs: Any) -> Path:
     """The tiny GGUF written with `kwargs` (tensors left out, another architecture in its header)."""
-    from tests.gguf_helpers import write_tiny_gguf
+
 
     (scene.work / "models").mkdir(exist_ok=True)
     return write_tiny_gguf(scene.work / "models" / "damaged.gguf", **kwargs)
@@ -1800,7 +1945,7 @@ def test_tied_embeddings_are_no_missing_tensor_and_a_load_checks_the_weights_too
     refuses in the same line."""
     from compressor_2.common import ConfigError
     from compressor_2.pretrained import load_causal_lm, model_context
-    from tests.gguf_helpers import CONTEXT, write_tiny_gguf
+    from tests.gguf_helpers import CONTEXT
 
     assert model_context(str(write_tiny_gguf(tmp_path / "tiny.gguf"))) == CONTEXT
     assert model_context(str(tiny_model_dir)) == 256

@@ -14,7 +14,7 @@ import pytest
 import compressor_2.config.kconfig as config_module
 from compressor_2.archive import Spot
 from compressor_2.commands.evolve import evolve
-from compressor_2.resume.state import StateFormat, state_json
+from compressor_2.resume.state import RunFiles, StateFormat, state_json
 from compressor_2.run.budget import Cost
 from compressor_2.run.driver import Report
 from compressor_2.run.services import NewCandidate, Run
@@ -24,6 +24,7 @@ optuna = pytest.importorskip("optuna", reason="optuna (requirements-test.txt) is
 pytestmark = pytest.mark.slow
 
 BATCH, STEPS = 3, 3
+TPE_FILES = RunFiles("tpe_state.json")
 
 
 @dataclass
@@ -37,7 +38,7 @@ class Tpe:
     def __init__(self, run: Run) -> None:
         self.run, self.told = run, Told([])
         self.space = {c: optuna.distributions.FloatDistribution(-2.0, 2.0) for c in run.cluster_ids}
-        self.state_format = StateFormat("tpe_state.json", "iteration", (), lambda raw: Told(raw["trials"]), state_json)
+        self.state_format = StateFormat(TPE_FILES, "iteration", (), lambda raw: Told(raw["trials"]), state_json)
 
     def rngs(self) -> dict:
         return {}
@@ -82,7 +83,7 @@ def tpe_strategy(tmp_path, monkeypatch) -> dict[str, str]:
     monkeypatch.setattr(config_module, "KCONFIG_PATH", kconfig)
     module = types.ModuleType("compressor_2.strategies.tpe")
     module.estimate = lambda config, n: Cost("batch", 0, BATCH * n, 0)
-    module.make, module.OUTPUT_FILES = Tpe, ("tpe_state.json",)
+    module.make, module.FILES = Tpe, TPE_FILES
     monkeypatch.setitem(sys.modules, "compressor_2.strategies.tpe", module)
     return {"STRATEGY_TPE": "y"}
 

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from compressor_2.commands.evaluate import run_evaluate
+from compressor_2.commands.files import Files
 from compressor_2.commands.evolve import evolve
 from compressor_2.common.errors import RunError
 from compressor_2.engines.sglang.engine import PROBE_TOKENS, SGLangEngine
@@ -50,8 +51,9 @@ def run_through(url: str, work: Path, shared: Path, model: Path, **symbols: str)
     work.mkdir()
     config = config_for(work, shared, model, **RUN, SGLANG_URLS=f'"{url}"', **symbols)
     evolve(config)
-    run_evaluate(config, deltas_path=config.output_dir / "deltas_best.json", indices=None,
-                 out=work / "evaluation.json")
+    deltas = config.output_dir / "deltas_best.json"
+    run_evaluate(config, deltas_path=deltas, indices=None, out=work / "evaluation.json",
+                 files=Files.of(config, {"evaluate --deltas": deltas}))
     return config.output_dir
 
 

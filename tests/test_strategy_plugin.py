@@ -41,14 +41,13 @@ from compressor_2.config.kconfig import MAX_LOGITS, Reader
 from compressor_2.deltas import to_dict, to_list
 from compressor_2.resume import fields
 from compressor_2.resume.identity import STEPS, Option
-from compressor_2.resume.state import StateFormat, held, state_json
+from compressor_2.resume.state import RunFiles, StateFormat, held, state_json
 from compressor_2.run.budget import Cost
 from compressor_2.run.driver import Report
 from compressor_2.run.services import NewCandidate, Run
 from compressor_2.strategies import options_of
 
-STATE_FILE = "hill_state.json"
-OUTPUT_FILES = (STATE_FILE,)
+FILES = RunFiles("hill_state.json")
 IDENTITY = (Option("HILL_STEP", attrgetter("step")), Option("HILL_STEPS", attrgetter("steps"), STEPS))
 
 
@@ -82,7 +81,7 @@ class Hill:
         self.run, self.options, self.steps = run, options, options.steps
         self.rng = random.Random(run.config.seed)
         self.incumbent: Candidate | None = None
-        self.state_format = StateFormat(STATE_FILE, "step", ("random",), self.read, state_json, self.check)
+        self.state_format = StateFormat(FILES, "step", ("random",), self.read, state_json, self.check)
 
     def read(self, raw: Mapping[str, Any]) -> HillState:
         return HillState(fields.integer(raw, "incumbent", minimum=1))

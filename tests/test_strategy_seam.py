@@ -15,7 +15,7 @@ import compressor_2.config.kconfig as config_module
 from compressor_2.commands.evolve import evolve
 from compressor_2.config import load_config
 from compressor_2.deltas import to_dict
-from compressor_2.resume.state import Member, StateFormat
+from compressor_2.resume.state import Member, RunFiles, StateFormat
 from compressor_2.run.budget import Cost
 from compressor_2.run.driver import Report
 from compressor_2.run.services import NewCandidate
@@ -23,11 +23,13 @@ from tests.test_evolution_support import shared_dir, write_config
 
 pytestmark = pytest.mark.slow
 
+PROBE_FILES = RunFiles("probe_state.json")
+
 
 class Probe:
     """Evaluates two fixed genomes on the first example, then one of them on the pool."""
 
-    state_format = StateFormat("probe_state.json", "iteration", (), lambda raw: None, lambda own: {})
+    state_format = StateFormat(PROBE_FILES, "iteration", (), lambda raw: None, lambda own: {})
     step_name, steps, steps_symbol, proposer, progress_plot = "probe", 1, "", "the probe", None
 
     def __init__(self, run) -> None:  # noqa: ANN001 - the run's services
@@ -67,7 +69,7 @@ def probe_module() -> types.ModuleType:
     def estimate(config, n_examples: int) -> Cost:
         return Cost("probe", 0, 2 + n_examples, 0)
 
-    module.estimate, module.make, module.OUTPUT_FILES = estimate, Probe, ("probe_state.json",)
+    module.estimate, module.make, module.FILES = estimate, Probe, PROBE_FILES
     return module
 
 

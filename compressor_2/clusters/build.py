@@ -63,7 +63,8 @@ KMEANS_RESTARTS = 4
 _PENDING = -2  # a token the k-means step has yet to place
 
 
-def build_clusters(config: Config, force: bool = False, later: list[Callable[[], None]] | None = None) -> ClusterSet:
+def build_clusters(config: Config, force: bool = False, later: list[Callable[[], None]] | None = None,
+                   paths: ArtifactPaths | None = None) -> ClusterSet:
     """Build (or reuse) the clusters of `config.model_path`'s tokenizer; prints one summary line.
 
     The process holds a shared lock on the cluster directory from here to its exit, and
@@ -71,9 +72,11 @@ def build_clusters(config: Config, force: bool = False, later: list[Callable[[],
     than rebuilding the directory under a run that uses it. `later`: where a set that is up
     to date puts the writes it still owes (the record's tokenizer digest, initial deltas
     written when absent, their sidecar) instead of making them, for a caller that compares
-    first and writes after (a resume that may yet be refused); a rebuild writes at once."""
+    first and writes after (a resume that may yet be refused); a rebuild writes at once.
+    `paths`: the artifacts' paths, as the command's table of files holds them (made from
+    `config` when not handed)."""
     started = time.perf_counter()
-    paths = ArtifactPaths.from_config(config)
+    paths = paths or ArtifactPaths.from_config(config)
     lock = _directory_lock(paths.cluster_dir)
     fcntl.flock(lock, fcntl.LOCK_SH)  # waits while another process rebuilds
     files = tokenizer_files_digest(config.model_path)

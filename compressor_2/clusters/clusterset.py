@@ -189,10 +189,11 @@ def read_cluster_set(paths: ArtifactPaths, fingerprint: str) -> ClusterSet:
                       fingerprint=fingerprint)
 
 
-def load_cluster_set(config: Config) -> ClusterSet:
-    """The clusters built for `config`; ConfigError (saying to run build-clusters) when
-    they are missing, incomplete, or were built from other settings or another vocabulary."""
-    paths = ArtifactPaths.from_config(config)
+def load_cluster_set(config: Config, paths: ArtifactPaths | None = None) -> ClusterSet:
+    """The clusters built for `config` (at `paths`, made from it when not handed);
+    ConfigError (saying to run build-clusters) when they are missing, incomplete, or were
+    built from other settings or another vocabulary."""
+    paths = paths or ArtifactPaths.from_config(config)
     record = read_record(paths)
     problem = record_problem(record, paths)
     if problem is None:

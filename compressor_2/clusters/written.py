@@ -12,9 +12,8 @@ recognised by its record (the descriptions' sha256, the initial deltas' path and
 
 A file anywhere else (the training data, a tokenizer file, another run's archive, a file
 the user edited since) is never written over: the build was writing `train.jsonl` full of
-descriptions. The other way round, no file a build writes is an input in another role
-(`check_inputs`): the cluster map named as the descriptions was read as JSON, and a
-build would have written the descriptions over it.
+descriptions. Which file is an input, and which a build writes (`builds`), is held in one
+table by the commands (commands/files.py), which refuses either named as the other.
 """
 
 from __future__ import annotations
@@ -22,53 +21,17 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
 from pathlib import Path
 
 from compressor_2.clusters.clusterset import ArtifactPaths, file_sha256, read_record
 from compressor_2.clusters.layout import LEDGER_FILE
-from compressor_2.common import ConfigError, atomic_write_json, file_identity
-from compressor_2.config import Config
-from compressor_2.deltas import fingerprint_path
+from compressor_2.common import atomic_write_json
 
 KEPT_DIGESTS = 2  # the file's content is one of them whether the write after its claim happened or not
 _SIDECAR = re.compile(r'\{\s*"cluster_map"\s*:\s*"[0-9a-f]{64}"\s*\}\s*')  # deltas.write_fingerprint's
 
 
-def check_inputs(config: Config, inputs: Mapping[str, Path | None] | None = None) -> None:
-    """Refuses, in one line naming the option and the file, an input the config (or a
-    command's option in `inputs`, by its name) names that is a file a cluster build writes
-    in another role: its own artifacts in CONFIG_CLUSTER_DIR, and the descriptions, the
-    initial deltas and their sidecar while they are new or what a build wrote (a file of
-    the user's at one of those paths is what `why_not_writable` names). The descriptions
-    and the initial deltas are the build's in their own role only; a deltas option may
-    name the initial deltas."""
-    paths = ArtifactPaths.from_config(config)
-    initial = config.initial_deltas_path
-    own = {file_identity(p): f"a cluster artifact in CONFIG_CLUSTER_DIR ({p.name})" for p in paths.own_files()}
-    descriptions = {file_identity(path): "the file of CONFIG_CLUSTER_DESCRIPTIONS_PATH"
-                    for path in (config.cluster_descriptions_path,) if _builds(paths, path)}
-    deltas = {file_identity(path): role for path, role, sidecar in (
-        (initial, "the file of CONFIG_INITIAL_DELTAS_PATH", False),
-        (fingerprint_path(initial), "the sidecar of CONFIG_INITIAL_DELTAS_PATH", True)) if _builds(paths, path, sidecar)}
-    every = {**deltas, **descriptions, **own}
-    checked: list[tuple[str, Path | None, dict[tuple[int, int] | Path, str]]] = [
-        ("CONFIG_CLUSTER_DESCRIPTIONS_PATH", config.cluster_descriptions_path, own),
-        ("CONFIG_INITIAL_DELTAS_PATH", initial, own),
-        ("CONFIG_FINANCEBENCH_JSONL_PATH", config.financebench_jsonl_path, every),
-        ("CONFIG_PROMPT_TEMPLATE_PATH", config.prompt_template_path, every),
-        ("CONFIG_HOLDOUT_DATA", config.holdout_data, every),
-        ("CONFIG_MODEL_PATH", Path(config.model_path), every),
-    ]
-    for option, path in (inputs or {}).items():
-        checked.append((option, path, {**descriptions, **own} if option.endswith("--deltas") else every))
-    for option, path, refused in checked:
-        if path is not None and (role := refused.get(file_identity(path))) is not None:
-            shown = f"{option}='{path}'" if option.startswith("CONFIG_") else f"{option} '{path}'"
-            raise ConfigError(f"{shown} is {role}, which a cluster build writes: name another file")
-
-
-def _builds(paths: ArtifactPaths, given: Path, sidecar: bool = False) -> bool:
+def builds(paths: ArtifactPaths, given: Path, sidecar: bool = False) -> bool:
     """A build writes `given`: it is new, or holds what a build wrote there."""
     target = given.resolve()
     return not target.exists() or written_here(paths, target) or (sidecar and target.is_file() and _is_sidecar(target))
@@ -83,7 +46,7 @@ def why_not_writable(paths: ArtifactPaths, given: Path, sidecar: bool = False) -
         return "is a symbolic link: a cluster build never writes through one; name the file itself"
     target = given.resolve()
     if not target.is_file():
-        return None  # new, or not a regular file, which `check_output_file` names
+        return None  # new, or not a regular file, which the commands' `Files.check_output` names
     if (sidecar and _is_sidecar(target)) or written_here(paths, target):
         return None
     return (f"holds a file no build of CONFIG_CLUSTER_DIR='{paths.cluster_dir}' wrote (or one edited since): a "

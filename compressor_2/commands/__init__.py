@@ -1,1 +1,1 @@
-"""The commands `cli` runs, each a module loaded when run: evolve, evaluate, show, export, report, run_directory."""
+"""The commands `cli` runs, each a module loaded when run: evolve, evaluate, show, export, report; files."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
@@ -18,12 +18,16 @@ from compressor_2.data import Example
 from compressor_2.deltas import check_fingerprint, deltas_document, gene_ids, load_deltas, to_dict, to_list
 from compressor_2.fitness import Evaluation, Evaluator
 
+if TYPE_CHECKING:
+    from compressor_2.commands.files import Files
+
 
 def run_evaluate(config: Config, deltas_path: Path | None, indices: str | None,
-                 out: Path | None, force: bool = False) -> None:
+                 out: Path | None, files: Files, force: bool = False) -> None:
+    """`config`: the command's, with `--data` as its training data; `files`: the table of the
+    command's files, made from the config as loaded and the command line."""
     from compressor_2.clusters.build import build_clusters
     from compressor_2.clusters.clusterset import cluster_map_digest
-    from compressor_2.commands.run_directory import check_cluster_outputs, check_output_dir, check_output_file
     from compressor_2.data import examples_from_config
     from compressor_2.engines import check_model, make_engine
     from compressor_2.judges import make_judge
@@ -31,15 +35,15 @@ def run_evaluate(config: Config, deltas_path: Path | None, indices: str | None,
     # Every input is checked before the model loads: a typo should cost seconds.
     option = "evaluate --out"
     if out is None:
-        check_output_dir(config.output_dir)
+        files.check_output_dir()
         # Named after the deltas so a baseline and a best vector never overwrite each other.
         out = config.output_dir / f"evaluation_{deltas_path.stem if deltas_path else 'baseline'}.json"
         option = "evaluate's report"
-    check_output_file(out, option, config, {"--deltas": deltas_path}, kind="JSON file", example="evaluation.json")
-    check_cluster_outputs(config)
+    files.check_output(out, option, kind="JSON file", example="evaluation.json")
+    files.check_cluster_outputs()
     examples = examples_from_config(config, indices)
     check_model(config, {e.id: e.prompt for e in examples})
-    clusters = build_clusters(config)
+    clusters = build_clusters(config, paths=files.artifacts)
     # The genome the engine steers with: CONFIG_DELTA_PHASES vectors (a plain file in each).
     ids = gene_ids(clusters.cluster_ids, config.delta_phases)
     if deltas_path is not None:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from compressor_2.archive import ARCHIVE_FILE, CheckStore, RunArchive
-from compressor_2.commands.run_directory import check_cluster_outputs, check_output_dir
+from compressor_2.commands.files import Files
 from compressor_2.common import ConfigError, remove_orphans, say, signals_ignored, stop_on_first_signal
 from compressor_2.config import Config
 from compressor_2.data import Example
@@ -80,15 +80,16 @@ class Inputs:
     owed: tuple[Callable[[], None], ...] = ()  # made by the session's `begin`
 
 
-def evolve(config: Config) -> None:
+def evolve(config: Config, files: Files | None = None) -> None:
+    """`files`: the table of the command's files (made here from `config` when not handed)."""
     strategy = load_strategy(config.strategy)
-    with preflight(config) as inputs, open_run(config, inputs, strategy) as (run, checks, begin):
+    with preflight(config, files or Files.of(config)) as inputs, open_run(config, inputs, strategy) as (run, checks, begin):
         reason = drive(run, strategy.make(run), begin)
         close(run, checks, reason)
 
 
 @contextlib.contextmanager
-def preflight(config: Config) -> Iterator[Inputs]:
+def preflight(config: Config, files: Files) -> Iterator[Inputs]:
     """Everything checked before any work, what needs no run file before the run directory's
     lock is taken, the rest under it (held until the run ends); nothing is written or rebuilt before a resume's settings are compared, and
     nothing but a rebuild (whose map the run's identity compares) before the session's
@@ -99,9 +100,9 @@ def preflight(config: Config) -> Iterator[Inputs]:
     from compressor_2.engines import check_model
 
     out = config.output_dir
-    check_output_dir(out)
+    files.check_output_dir(run=True)
     check_not_in_use(out)
-    check_cluster_outputs(config)
+    files.check_cluster_outputs()
     examples = tuple(examples_from_config(config))
     heldout = tuple(holdout_examples(config, examples))
     prompts = every_prompt(config, (*examples, *heldout))
@@ -111,7 +112,7 @@ def preflight(config: Config) -> Iterator[Inputs]:
         model = model_identity(config)
         kept = _refuse_changed_settings(out, config, RunInputs(None, examples, None, model))
         owed: list[Callable[[], None]] = []
-        clusters = build_clusters(config, later=owed)
+        clusters = build_clusters(config, later=owed, paths=files.artifacts)
         digest = cluster_map_digest(clusters)
         initial = _initial_deltas(config, clusters.cluster_ids, digest)
         context = kept or answer_context(answer_settings(config, clusters.fingerprint))

@@ -17,9 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from compressor_2.archive import ARCHIVE_FILE, Candidate, RunArchive
-from compressor_2.commands.run_directory import check_output_file
+from compressor_2.commands.files import Files
 from compressor_2.common import ConfigError, atomic_write_json
-from compressor_2.config import Config
 from compressor_2.deltas import deltas_document, fingerprint_path, recorded_fingerprint, write_fingerprint
 from compressor_2.run import DELTAS_BEST
 from compressor_2.verdict import (
@@ -41,10 +40,11 @@ from compressor_2.verdict import (
 )
 
 
-def run_export(config: Config, max_drop: float | None, candidate_id: int | None, out: Path | None,
+def run_export(files: Files, max_drop: float | None, candidate_id: int | None, out: Path | None,
                force: bool = False, confidence: float = LEVEL) -> None:
     from compressor_2.steering.generate import generate_processor
 
+    config = files.config
     if not 0 < confidence < 1:
         raise ConfigError(f"export --confidence {confidence:g} must be in (0, 1), e.g. 0.95")
     archive = RunArchive.open_read_only(config.output_dir / ARCHIVE_FILE)
@@ -57,14 +57,14 @@ def run_export(config: Config, max_drop: float | None, candidate_id: int | None,
     processor_path = deltas_path.with_name(f"processor_{deltas_path.stem.removeprefix('deltas_')}.py")
     for path, kind in ((deltas_path, "deltas JSON file"), (fingerprint_path(deltas_path), "deltas JSON file"),
                        (processor_path, "processor module")):
-        check_output_file(path, "export --out", config, kind=kind, example="deltas_fast.json")
-    fingerprint = run_fingerprint(config)  # read before anything is written: a broken sidecar writes nothing
+        files.check_output(path, "export --out", kind=kind, example="deltas_fast.json")
+    fingerprint = run_fingerprint(files)  # read before anything is written: a broken sidecar writes nothing
     print(why)
     atomic_write_json(deltas_path, deltas_document(candidate.deltas))
     write_fingerprint(deltas_path, fingerprint)
     # The processor is checked against the current clusters: deltas evolved on others are
     # refused (unless --force) rather than deployed to steer the wrong tokens.
-    generate_processor(config, deltas_path=deltas_path, out=processor_path, force=force)
+    generate_processor(config, deltas_path=deltas_path, out=processor_path, force=force, paths=files.artifacts)
     print(f"wrote {deltas_path} (its clusters recorded in {fingerprint_path(deltas_path).name})")
 
 
@@ -151,10 +151,10 @@ def _describe(p: Point) -> str:
     return f"{p.tokens:.1f} tokens at {100 * p.correctness:.1f}% correct"
 
 
-def run_fingerprint(config: Config) -> str:
+def run_fingerprint(files: Files) -> str:
     """The clusters the run evolved on, as deltas_best.json's sidecar records them, else
     the current clusters'."""
     from compressor_2.clusters.clusterset import cluster_map_digest, load_cluster_set
 
-    recorded = recorded_fingerprint(config.output_dir / DELTAS_BEST, "rerun evolve, which rewrites it")
-    return recorded if recorded is not None else cluster_map_digest(load_cluster_set(config))
+    recorded = recorded_fingerprint(files.config.output_dir / DELTAS_BEST, "rerun evolve, which rewrites it")
+    return recorded if recorded is not None else cluster_map_digest(load_cluster_set(files.config, files.artifacts))

@@ -5,18 +5,21 @@ running). `evolve` refreshes the same page at the end of every step."""
 from __future__ import annotations
 
 from compressor_2.archive import ARCHIVE_FILE, RunArchive
-from compressor_2.config import Config
-from compressor_2.outputs import write_report
+from compressor_2.commands.files import Files
+from compressor_2.outputs import REPORT_FILE, write_report
 from compressor_2.verdict import Claims, measured, read_record, refuse_emptied_heldout, refuse_lost, standing
 
 
-def run_report(config: Config) -> None:
+def run_report(files: Files) -> None:
     from compressor_2.data import examples_from_config, holdout_examples
 
+    config = files.config
     pool = examples_from_config(config)
     heldout = holdout_examples(config, pool)
     archive = RunArchive.open_read_only(config.output_dir / ARCHIVE_FILE)
     try:
+        # report.html is the run's own file, which this command writes; never over an input.
+        files.check_output(config.output_dir / REPORT_FILE, "report's page", kind="HTML page", run_file=True)
         now = standing(archive)
         # Before report.html is written.
         claims = Claims(archive, pool, heldout)

@@ -11,12 +11,12 @@ from compressor_2.resume.identity import (
 )
 from compressor_2.resume.lock import LOCK_FILE, check_lock_file, check_not_in_use, run_lock
 from compressor_2.resume.state import (
-    GLOBAL_RNGS, Member, Saved, StateFormat, candidate_ids, capture_rngs, check_state, held_list, read_member,
+    GLOBAL_RNGS, Member, RunFiles, Saved, StateFormat, candidate_ids, capture_rngs, check_state, held_list, read_member,
     read_state, restore_rngs, save_state, seed_rng, state_json,
 )
 
 __all__ = ["CONCURRENCY", "GLOBAL_RNGS", "HISTORY_FILE", "IDENTITY_KEY", "IN_SEARCH", "LOCK_FILE", "STEPS",
-           "FieldError", "Member", "Option", "RunInputs", "Saved", "Score", "StateFormat", "Work", "append_log",
+           "FieldError", "Member", "Option", "RunFiles", "RunInputs", "Saved", "Score", "StateFormat", "Work", "append_log",
            "candidate_ids", "capture_rngs", "check_identity", "check_lock_file", "check_not_in_use", "check_settings",
            "check_state", "compared", "held_list", "load_history", "log_lines", "model_identity", "read_member", "read_state",
            "recorded_context", "restore_rngs", "run_lock", "save_history", "save_state", "seed_rng", "state_json",

@@ -51,12 +51,30 @@ class Member:
 
 
 @dataclass(frozen=True)
-class StateFormat(Generic[S]):
-    """A strategy's state file: its name, its step key, the generators it draws from, and
-    its own fields' reader (each field checked, a FieldError naming the one that is off),
-    writer and check against the archive (the state's `last_candidate_id` given)."""
+class RunFiles:
+    """What a strategy writes in the run directory besides the shared services' files,
+    declared once in its module (`FILES`): its state file, the JSON-lines log of its steps'
+    history entries the driver keeps beside it (a resume drops the lines of the steps it
+    replays), its progress plot, and the files its steps leave (`Report.files`). Its state
+    format is made with it, and every other command refuses to write over these names."""
 
-    file: str
+    state: str
+    log: str | None = None
+    plot: str | None = None
+    others: tuple[str, ...] = ()
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(name for name in (self.state, self.log, self.plot, *self.others) if name is not None)
+
+
+@dataclass(frozen=True)
+class StateFormat(Generic[S]):
+    """A strategy's state file: its files (the state file's name and its step log's), its
+    step key, the generators it draws from, and its own fields' reader (each field checked,
+    a FieldError naming the one that is off), writer and check against the archive (the
+    state's `last_candidate_id` given)."""
+
+    files: RunFiles
     step_key: str
     rngs: tuple[str, ...]  # "random", "numpy"
     read: Callable[[Mapping[str, Any]], S]
@@ -64,9 +82,14 @@ class StateFormat(Generic[S]):
     check: Callable[[S, RunArchive, int], None] = lambda own, archive, last: None
     keeps_best: bool = False
     older_step_keys: tuple[str, ...] = ()  # what files of an earlier compressor_2 called the step, still read
-    # A JSON-lines log of the steps' history entries beside the state, kept by the run's
-    # driver: a resume drops the lines of the steps it replays.
-    log: str | None = None
+
+    @property
+    def file(self) -> str:
+        return self.files.state
+
+    @property
+    def log(self) -> str | None:
+        return self.files.log
 
 
 @dataclass(frozen=True)

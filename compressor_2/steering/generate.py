@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from compressor_2.clusters.clusterset import ClusterSet, cluster_map_digest, load_cluster_set
+from compressor_2.clusters.clusterset import ArtifactPaths, ClusterSet, cluster_map_digest, load_cluster_set
 from compressor_2.clusters.layout import FINGERPRINT_FILE, UNSTEERED
 from compressor_2.common import atomic_write_text
 from compressor_2.config import Config
@@ -126,10 +126,13 @@ def render_processor(deltas: list[float], clusters: ClusterSet, deltas_path: Pat
     return "\n\n\n".join(part.strip("\n") for part in parts) + "\n"
 
 
-def generate_processor(config: Config, deltas_path: Path, out: Path, force: bool = False) -> None:
+def generate_processor(config: Config, deltas_path: Path, out: Path, force: bool = False,
+                       paths: ArtifactPaths | None = None) -> None:
     """Write the standalone processor for the deltas in `deltas_path` to `out`, over the
-    config's clusters; deltas recorded for other clusters are refused unless `force`."""
-    print(write_processor(load_cluster_set(config), deltas_path, out, force, model_classes(config.model_path)))
+    config's clusters (at `paths` when handed); deltas recorded for other clusters are
+    refused unless `force`."""
+    print(write_processor(load_cluster_set(config, paths), deltas_path, out, force,
+                          model_classes(config.model_path)))
 
 
 def model_classes(model_path: str) -> Callable[[], np.ndarray]:

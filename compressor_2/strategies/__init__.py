@@ -9,7 +9,8 @@ several use. A strategy module provides (`Plugin`):
   its `state_format`) and how it takes that up again, over the services of `run.Run`;
 - `estimate(config, n_examples) -> Cost`: its start's and each step's cost, before any
   work, for the budget warning;
-- `OUTPUT_FILES`: the names it writes in the run directory besides the shared files;
+- `FILES` (`resume.RunFiles`): what it writes in the run directory besides the shared files,
+  its state file first; its state format is made with it;
 and, when it has options, `read_options(reader)` (typed and checked once, when the config
 is loaded) and `IDENTITY` (its options in the run identity). Adding a strategy is adding a
 module and a Kconfig entry.
@@ -24,6 +25,7 @@ from compressor_2.config import strategy_module, strategy_names
 
 if TYPE_CHECKING:
     from compressor_2.config import Config
+    from compressor_2.resume import RunFiles
     from compressor_2.run import Cost, Run, Strategy
 
 __all__ = ["Plugin", "load_strategy", "options_of", "strategy_names"]
@@ -32,7 +34,7 @@ __all__ = ["Plugin", "load_strategy", "options_of", "strategy_names"]
 class Plugin(Protocol):
     """What a strategy module provides to the commands (a module is its own plug-in)."""
 
-    OUTPUT_FILES: tuple[str, ...]
+    FILES: RunFiles
 
     def estimate(self, config: Config, n_examples: int) -> Cost: ...
 

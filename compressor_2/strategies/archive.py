@@ -33,7 +33,9 @@ from compressor_2.config import MAX_LOGITS, Config, Reader, decimal, require, sh
 from compressor_2.deltas import to_list
 from compressor_2.fitness import Evaluation, Record
 from compressor_2.reflector import MergeRequest, MutationRequest, VectorRequest, estimated_call_tokens
-from compressor_2.resume import CONCURRENCY, STEPS, Option, Score, StateFormat, compared, state_json, step_entry
+from compressor_2.resume import (
+    CONCURRENCY, STEPS, Option, RunFiles, Score, StateFormat, compared, state_json, step_entry,
+)
 from compressor_2.run import Cost, NewCandidate, Report, Run, Strategy
 from compressor_2.strategies import options_of
 from compressor_2.strategies.archive_ops import (
@@ -57,12 +59,9 @@ from compressor_2.strategies.archive_ops import (
 )
 from compressor_2.strategies.operators import append_summary, weighted_average
 
-STATE_FILE = "archive_state.json"
-SNAPSHOTS_FILE = "snapshots.jsonl"
-PROGRESS_PLOT = "archive_progress.png"
+# Its log: the snapshots, its history entries, one JSON line per iteration.
+FILES = RunFiles("archive_state.json", log="snapshots.jsonl", plot="archive_progress.png")
 VIABILITY_META = "archive_viability"  # the archive's meta key of the viability rule, read by `show`
-# What it writes in the run directory besides the shared services' files.
-OUTPUT_FILES = (STATE_FILE, SNAPSHOTS_FILE, PROGRESS_PLOT)
 IDENTITY = (*compared("ARCHIVE_", "parents_per_iteration", "replace", "sharpness", "novelty_weight", "issue_batch",
                       "issue_weights", "generators", "feedback_scope", "feedback_depth", "postcheck_examples",
                       "postcheck_margin", "delta_limit", "min_correctness"),
@@ -218,10 +217,8 @@ class Archive(Strategy):
     assessment, records."""
 
     step_name, steps_symbol, proposer = "iteration", "CONFIG_ARCHIVE_ITERATIONS", "the reflector"
-    progress_plot = PROGRESS_PLOT
-    # The snapshots: its history entries, one JSON line per iteration (seed 003's telemetry).
-    state_format = StateFormat(STATE_FILE, "iteration", ("random",), lambda raw: NoState(), state_json,
-                               log=SNAPSHOTS_FILE)
+    progress_plot = FILES.plot
+    state_format = StateFormat(FILES, "iteration", ("random",), lambda raw: NoState(), state_json)
 
     def __init__(self, run: Run, options: ArchiveOptions) -> None:
         self.run, self.options = run, options

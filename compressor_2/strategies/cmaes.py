@@ -20,15 +20,13 @@ from deap import cma
 
 from compressor_2.config import MAX_LOGITS, Config, Reader, require
 from compressor_2.deltas import clamp_rows, to_list
-from compressor_2.resume import STEPS, FieldError, Option, compared, fields
+from compressor_2.resume import STEPS, FieldError, Option, RunFiles, compared, fields
 from compressor_2.run import Cost, Run
 from compressor_2.strategies import options_of
 from compressor_2.strategies.ga_individual import new_individual
 from compressor_2.strategies.search import Search
 
-STATE_FILE = "cmaes_state.json"
-# What it writes in the run directory besides the shared services' files.
-OUTPUT_FILES = (STATE_FILE,)
+FILES = RunFiles("cmaes_state.json")
 # What `deap.cma.Strategy.update` changes; the rest follows from the dimension and lambda,
 # and the eigendecomposition from C.
 _ARRAYS = ("centroid", "pc", "ps", "C")
@@ -69,7 +67,7 @@ def make(run: Run) -> Search:
     strategy = cma.Strategy(centroid=centre, sigma=options.sigma, lambda_=population_size(options, len(centre)))
     # Its state names the step a generation, as it runs them; a file of an earlier compressor_2,
     # which called it an iteration, still resumes.
-    return Search(run, CmaesSampler(strategy), "cmaes", options.generations, STATE_FILE, "generation",
+    return Search(run, CmaesSampler(strategy), "cmaes", options.generations, FILES, "generation",
                   "CONFIG_CMAES_GENERATIONS", step_key="generation", older_step_keys=("iteration",))
 
 

@@ -54,6 +54,7 @@ from compressor_2.resume import (
     FieldError,
     Member,
     Option,
+    RunFiles,
     StateFormat,
     Work,
     compared,
@@ -75,9 +76,7 @@ from compressor_2.strategies.ga_individual import (
 )
 from compressor_2.strategies.ga_operators import SELECTIONS, GaOptions, RRState, make_fallback, make_selection, pairs
 
-STATE_FILE = "evolution_state.json"
-# What it writes in the run directory besides the shared services' files.
-OUTPUT_FILES = (STATE_FILE,)
+FILES = RunFiles("evolution_state.json")
 SENTINELS = ("POPULATION_SIZE", "NGEN", "CXPB", "MUTPB", "ELITISM_SIZE", "SELECTION")
 FALLBACK_SELECTIONS = ("tournament", "truncation")
 MUTATION_SCOPES = ("cluster", "vector")
@@ -380,13 +379,13 @@ def ga_format(out: Path, cluster_ids: Sequence[str], population_size: int) -> St
         if rr_idx >= len(cluster_ids):
             raise FieldError(f"rr_idx is {rr_idx}, not in [0, {len(cluster_ids)})")
         members = fields.typed(raw, "population", list, "a list")
-        population = tuple(read_member(m, f"population[{i}]", cluster_ids, out / STATE_FILE)
+        population = tuple(read_member(m, f"population[{i}]", cluster_ids, out / FILES.state)
                            for i, m in enumerate(members))
         if len(population) != population_size:
             raise FieldError(f"holds {len(population)} individuals but CONFIG_POPULATION_SIZE={population_size}")
         return GaState(population, rr_idx)
 
-    return StateFormat(STATE_FILE, "generation", ("random", "numpy"), read, state_json, check_population,
+    return StateFormat(FILES, "generation", ("random", "numpy"), read, state_json, check_population,
                        keeps_best=True)
 
 

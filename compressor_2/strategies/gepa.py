@@ -37,6 +37,7 @@ from compressor_2.reflector import MutationRequest, VectorRequest, estimated_cal
 from compressor_2.resume import (
     FieldError,
     Member,
+    RunFiles,
     StateFormat,
     candidate_ids,
     compared,
@@ -60,11 +61,8 @@ from compressor_2.strategies.gepa_pareto import (
 )
 from compressor_2.strategies.operators import append_summary
 
-STATE_FILE = "gepa_state.json"
 FRONT_FILE = "pareto_front.json"
-PROGRESS_PLOT = "gepa_progress.png"
-# What it writes in the run directory besides the shared services' files.
-OUTPUT_FILES = (STATE_FILE, FRONT_FILE, PROGRESS_PLOT)
+FILES = RunFiles("gepa_state.json", plot="gepa_progress.png", others=(FRONT_FILE,))
 CANDIDATE_SELECTORS = ("pareto", "current_best", "epsilon_greedy")
 COMPONENT_SELECTORS = ("round_robin", "all")
 IDENTITY = compared("GEPA_", "valset_size", "valset_indices", "minibatch_size", "candidate_selector", "epsilon",
@@ -166,7 +164,7 @@ class Gepa(Strategy):
     """Seed 004's engine's decisions; the run's driver runs its loop."""
 
     step_name, steps, steps_symbol, proposer = "iteration", None, "", "the reflector"
-    progress_plot = PROGRESS_PLOT
+    progress_plot = FILES.plot
 
     def __init__(self, run: Run, options: GepaOptions) -> None:
         self.run, self.options = run, options
@@ -174,7 +172,7 @@ class Gepa(Strategy):
         self.state = GepaState([], EpochSampler([], 1), [])
         self.val_scores: dict[int, dict[str, float]] = {}
         self.evaluations: dict[int, Evaluation] = {}
-        self.state_format = StateFormat(STATE_FILE, "iteration", ("random",), functools.partial(read_own, run=run),
+        self.state_format = StateFormat(FILES, "iteration", ("random",), functools.partial(read_own, run=run),
                                         state_json, check_own)
 
     def rngs(self) -> Mapping[str, Any]:

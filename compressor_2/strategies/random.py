@@ -17,14 +17,12 @@ import numpy as np
 
 from compressor_2.config import MAX_LOGITS, Config, Reader, require
 from compressor_2.deltas import clamp_rows, to_list
-from compressor_2.resume import STEPS, Option, compared
+from compressor_2.resume import STEPS, Option, RunFiles, compared
 from compressor_2.run import Cost, Run
 from compressor_2.strategies import options_of
 from compressor_2.strategies.search import Search
 
-STATE_FILE = "random_state.json"
-# What it writes in the run directory besides the shared services' files.
-OUTPUT_FILES = (STATE_FILE,)
+FILES = RunFiles("random_state.json")
 DISTRIBUTIONS = ("normal", "uniform")
 IDENTITY = (*compared("RANDOM_", "distribution", "scale", "batch_size"),
             Option("RANDOM_BATCHES", attrgetter("batches"), STEPS))
@@ -56,7 +54,7 @@ def make(run: Run) -> Search:
     options = options_of(run.config, "random")
     centre = to_list(run.initial)
     sampler = RandomSampler(centre, options.distribution, options.scale, options.batch_size)
-    return Search(run, sampler, "random", options.batches, STATE_FILE, "batch", "CONFIG_RANDOM_BATCHES")
+    return Search(run, sampler, "random", options.batches, FILES, "batch", "CONFIG_RANDOM_BATCHES")
 
 
 @dataclass

@@ -25,6 +25,7 @@ from compressor_2.deltas import to_dict, to_list
 from compressor_2.fitness import Evaluation
 from compressor_2.resume import (
     GLOBAL_RNGS,
+    RunFiles,
     StateFormat,
     candidate_ids,
     fields,
@@ -73,12 +74,12 @@ class Search(Strategy):
 
     proposer, progress_plot = "the sampler", None
 
-    def __init__(self, run: Run, sampler: Sampler, name: str, steps: int, state_file: str, step_name: str,
+    def __init__(self, run: Run, sampler: Sampler, name: str, steps: int, files: RunFiles, step_name: str,
                  steps_symbol: str, step_key: str = "iteration", older_step_keys: tuple[str, ...] = ()) -> None:
         self.run, self.sampler, self.name = run, sampler, name
         self.steps, self.step_name, self.steps_symbol = steps, step_name, steps_symbol
         self.parents: tuple[int, ...] = ()
-        self.state_format = StateFormat(state_file, step_key, ("random", "numpy"), self.read, state_json,
+        self.state_format = StateFormat(files, step_key, ("random", "numpy"), self.read, state_json,
                                         check_parents, older_step_keys=older_step_keys)
 
     def rngs(self) -> Mapping[str, Any]:
