@@ -83,7 +83,8 @@ class Inputs:
 def evolve(config: Config, files: Files | None = None) -> None:
     """`files`: the table of the command's files (made here from `config` when not handed)."""
     strategy = load_strategy(config.strategy)
-    with preflight(config, files or Files.of(config)) as inputs, open_run(config, inputs, strategy) as (run, checks, begin):
+    files = files or Files.of(config)
+    with preflight(config, files) as inputs, open_run(config, inputs, strategy) as (run, checks, begin):
         reason = drive(run, strategy.make(run), begin)
         close(run, checks, reason)
 
