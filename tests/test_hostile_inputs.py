@@ -1906,21 +1906,26 @@ FOLDER_DOWN = "transformer.h.1.mlp.c_proj.weight"
 
 MODELS = [
     ("a GGUF without one tensor", lambda s: damaged_gguf(s, without=(GGUF_DOWN,)),
-     UNFIT.format(r"damaged\.gguf", "its header's architecture 'llama'", r"1 tensor\(s\) missing: blk\.1\.ffn_down\.weight")),
+     UNFIT.format(r"damaged\.gguf", "its header's architecture 'llama'",
+                  r"1 tensor\(s\) missing: blk\.1\.ffn_down\.weight")),
     ("a GGUF without attn_q in every layer",
      lambda s: damaged_gguf(s, without=("blk.0.attn_q.weight", "blk.1.attn_q.weight")),
      UNFIT.format(r"damaged\.gguf", "its header's architecture 'llama'",
                   r"2 tensor\(s\) missing: blk\.0\.attn_q\.weight, blk\.1\.attn_q\.weight")),
     ("a GGUF whose header says mamba over llama tensors", lambda s: damaged_gguf(s, architecture="mamba"),
-     UNFIT.format(r"damaged\.gguf", "its header's architecture 'mamba'", r"18 tensor\(s\) missing: blk\.0\.ssm_a, .* and 15 more")),
+     UNFIT.format(r"damaged\.gguf", "its header's architecture 'mamba'",
+                  r"18 tensor\(s\) missing: blk\.0\.ssm_a, .* and 15 more")),
     ("a GGUF whose header says gpt2 over llama tensors", lambda s: damaged_gguf(s, architecture="gpt2"),
-     UNFIT.format(r"damaged\.gguf", "its header's architecture 'gpt2'", r"16 tensor\(s\) missing: blk\.0\.attn_norm\.bias, .*")),
+     UNFIT.format(r"damaged\.gguf", "its header's architecture 'gpt2'",
+                  r"16 tensor\(s\) missing: blk\.0\.attn_norm\.bias, .*")),
     ("a folder without one tensor", lambda s: damaged_folder(s, without_tensor(FOLDER_DOWN)),
-     UNFIT.format("damaged_model", "its architecture 'gpt2'", r"1 tensor\(s\) missing: transformer\.h\.1\.mlp\.c_proj\.weight")),
+     UNFIT.format("damaged_model", "its architecture 'gpt2'",
+                  r"1 tensor\(s\) missing: transformer\.h\.1\.mlp\.c_proj\.weight")),
     ("a folder with a tensor of no gpt2", lambda s: damaged_folder(s, zeros_as("transformer.h.0.extra.weight", 3)),
      UNFIT.format("damaged_model", "its architecture 'gpt2'",
                   r"1 tensor\(s\) unexpected \(not its architecture's\): transformer\.h\.0\.extra\.weight")),
-    ("a folder with a tensor of another shape", lambda s: damaged_folder(s, zeros_as("transformer.h.0.mlp.c_fc.weight", 3, 5)),
+    ("a folder with a tensor of another shape",
+     lambda s: damaged_folder(s, zeros_as("transformer.h.0.mlp.c_fc.weight", 3, 5)),
      UNFIT.format("damaged_model", "its architecture 'gpt2'",
                   r"1 tensor\(s\) of another shape than its architecture's: transformer\.h\.0\.mlp\.c_fc\.weight")),
 ]
@@ -1951,14 +1956,16 @@ def test_tied_embeddings_are_no_missing_tensor_and_a_load_checks_the_weights_too
     assert model_context(str(tiny_model_dir)) == 256
     scene = Scene(tmp_path, tmp_path, tiny_model_dir, tmp_path, lambda strategy: tmp_path)
     damaged = damaged_folder(scene, without_tensor(FOLDER_DOWN))
-    with pytest.raises(ConfigError, match=UNFIT.format("damaged_model", "its architecture 'gpt2'",
-                                                       r"1 tensor\(s\) missing: transformer\.h\.1\.mlp\.c_proj\.weight")):
+    refusal = UNFIT.format("damaged_model", "its architecture 'gpt2'",
+                           r"1 tensor\(s\) missing: transformer\.h\.1\.mlp\.c_proj\.weight")
+    with pytest.raises(ConfigError, match=refusal):
         load_causal_lm(str(damaged), gpu=False)
 
 
 INSTRUCTION = ("Answer in as few words as you can. " * 57).strip()  # 1,994 characters: within the 2,000 allowed
 TOO_LONG = (r"example \S+ \(prompt ending .*\): a prompt of \d+ tokens{}, plus CONFIG_MAX_NEW_TOKENS={}, exceeds the "
-            r"context of {} tokens of CONFIG_MODEL_PATH='.*'; {}lower CONFIG_EVIDENCE_MAX_CHARS or CONFIG_MAX_NEW_TOKENS")
+            r"context of {} tokens of CONFIG_MODEL_PATH='.*'; {}lower CONFIG_EVIDENCE_MAX_CHARS or "
+            r"CONFIG_MAX_NEW_TOKENS")
 CARRIED = r", CONFIG_COMPARE_INSTRUCTION \(1994 characters\) included, as {} it \(CONFIG_INSTRUCTION_IN_SEARCH={}\)"
 
 CONTEXTS = [
