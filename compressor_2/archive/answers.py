@@ -88,8 +88,8 @@ class AnswerTable:
         """The answers generated into this table, as counted when they were stored (the spending
         stays when rows are deleted); the rows themselves in an archive written before the
         count was kept."""
-        rows = int(self.db.query(f"SELECT count(*) FROM {self.table}")[0][0]) if self.db.has_table(self.table) else 0
-        return max(int(self.db.meta_count(self.fresh_key)), rows)
+        rows = self.db.query(f"SELECT count(*) FROM {self.table}")[0][0] if self.db.has_table(self.table) else 0
+        return max(int(self.db.meta_count(self.fresh_key)), int(rows))
 
     def hits(self) -> int:
         return int(self.db.meta_count(self.hits_key))
