@@ -2138,7 +2138,7 @@ def test_show_front_says_the_held_out_results_are_gone(tmp_path, with_tools, sha
     assert main(["show", "--config", str(config), "--front"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and re.fullmatch(r"error: '.*run\.sqlite' lost the held-out check's results \(its table "
-                                            r"check_results holds no held-out row, though the check's answers are "
-                                            r"there\): rows were deleted; rerun evolve with this config, which checks "
-                                            r"again from the answers it holds", lines[0]), lines
+                                            r"check_results holds 0 of the \d+ held-out rows the check recorded\): "
+                                            r"rows were deleted; rerun evolve with this config, which checks again "
+                                            r"from the answers it holds", lines[0]), lines
     assert every_file(work) == before

@@ -88,8 +88,8 @@ class AnswerTable:
         """The answers generated into this table, as counted when they were stored (the spending
         stays when rows are deleted); the rows themselves in an archive written before the
         count was kept."""
-        rows = int(self.db.query(f"SELECT count(*) FROM {self.table}")[0][0]) if self.db.has_table(self.table) else 0
-        return max(int(self.db.meta_count(self.fresh_key)), rows)
+        rows = self.db.query(f"SELECT count(*) FROM {self.table}")[0][0] if self.db.has_table(self.table) else 0
+        return max(int(self.db.meta_count(self.fresh_key)), int(rows))
 
     def hits(self) -> int:
         return int(self.db.meta_count(self.hits_key))
@@ -107,13 +107,20 @@ class CheckResults:
 
     def record(self, split: str, results: Sequence[CheckResult]) -> None:
         """Replaces what the checks of `split` had measured (a held-out set changed between
-        sessions leaves no stale rows)."""
+        sessions leaves no stale rows), and how many genomes that is (`recorded`)."""
         with self.db.transaction() as db:
+            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                       (recorded_key(split), str(len(results))))
             db.execute("DELETE FROM check_results WHERE split = ?", (split,))
             db.executemany("INSERT INTO check_results (split, genome, examples, mean_tokens, correctness, fitness, "
                            "created) VALUES (?, ?, ?, ?, ?, ?, ?)",
                            [(split, r.genome, r.examples, r.mean_tokens, r.correctness, r.fitness, time.time())
                             for r in results])
+
+    def recorded(self, split: str) -> int:
+        """How many genomes the checks of `split` last recorded (0 before they ever ran, and in
+        an archive from before the count was kept): rows of `of` deleted since are missing."""
+        return int(self.db.meta_count(recorded_key(split)))
 
     def of(self, split: str) -> dict[str, CheckResult]:
         """What the checks measured on `split`, by genome key."""
@@ -129,3 +136,8 @@ class CheckResults:
                 raise self.db.bad_row("check_results", f"of split '{split}', genome '{shown(row[1])[1:-1]}'",
                                       str(exc)) from None
         return results
+
+
+def recorded_key(split: str) -> str:
+    """The meta counter of the genomes the checks of `split` last recorded."""
+    return f"{split}_checked"

@@ -224,6 +224,10 @@ class RunArchive:
         """What the checks measured on `split`, by genome key."""
         return self._checks.of(split)
 
+    def checks_recorded(self, split: str) -> int:
+        """How many genomes the checks of `split` last recorded (0 before they ran)."""
+        return self._checks.recorded(split)
+
     # -- the strategies' own records ----------------------------------------------------------
 
     def record_selection(self, generation: int, selections: Sequence[tuple[int, str, str]], summary: str,

@@ -49,7 +49,7 @@ SCHEMA_VERSION = 1
 # The counters kept in meta, each refused on reading when it is not a number >= 0 (an integer
 # where it counts things): `store` once reset a hand-edited cache_hits='NaN' to 0 without a word.
 COUNTERS = {"wall_seconds": False, "cache_hits": True, "check_cache_hits": True, "fresh_answers": True,
-            "check_fresh_answers": True}
+            "check_fresh_answers": True, "training_checked": True, "heldout_checked": True}
 
 # The search's answers (evaluations) and the checks' (check_answers) have one shape.
 _ANSWERS = """(

@@ -22,9 +22,8 @@ def run_report(files: Files) -> None:
         files.check_output(config.output_dir / REPORT_FILE, "report's page", kind="HTML page", run_file=True)
         now = standing(archive)
         # Before report.html is written.
-        claims = Claims(archive, pool, heldout)
-        refuse_lost(claims, measured(now, read_record(archive)))
-        refuse_emptied_heldout(claims, now)
+        refuse_lost(Claims(archive, pool, heldout), measured(now, read_record(archive)))
+        refuse_emptied_heldout(archive, now)
         path = write_report(archive, config.output_dir, pool, heldout, now)
     finally:
         archive.close()

@@ -72,7 +72,7 @@ def front_table(archive: RunArchive, claims: Claims) -> str:
     simpler tools, once measured."""
     now = standing(archive)
     refuse_lost(claims, measured(now, read_record(archive)))
-    refuse_emptied_heldout(claims, now)
+    refuse_emptied_heldout(archive, now)
     front = now.front()
     if not front:
         return "the front is empty: no candidate has been assessed yet"

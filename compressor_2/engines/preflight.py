@@ -4,7 +4,7 @@ CONFIG_MAX_NEW_TOKENS. A command makes this check before it writes anything (the
 archive, its lock, the clusters), so that a refusal leaves every file as it was.
 
 The transformers engine's model is the one at CONFIG_MODEL_PATH; an SGLang server serves
-its own (its context is the server's, checked when the engine starts, before any work)."""
+its own: its context is the server's, checked when the engine starts."""
 
 from __future__ import annotations
 

@@ -168,17 +168,16 @@ def refuse_lost(claims: Claims, read: Sequence[Measured]) -> None:
                       f"deleted{why}; rerun evolve with this config, which answers them again")
 
 
-def refuse_emptied_heldout(claims: Claims, now: Standing) -> None:
+def refuse_emptied_heldout(archive: RunArchive, now: Standing) -> None:
     """Refuses, in one line naming run.sqlite, a run whose held-out results were deleted
-    while the held-out check's answers are still there: read without them, the run would
-    look as if no check had run."""
-    if now.heldout or now.zeros is None or not claims.examples[HELDOUT]:
+    after the held-out check recorded them: read without them, the run would look as if no
+    check had run."""
+    recorded = archive.checks_recorded(HELDOUT)
+    if len(now.heldout) >= recorded:
         return
-    if all(o is None for o in claims.outcomes(Arm(now.zeros), HELDOUT)):
-        return  # the check has not run yet
-    raise ConfigError(f"'{claims.archive.path}' lost the held-out check's results (its table check_results holds "
-                      "no held-out row, though the check's answers are there): rows were deleted; rerun evolve with "
-                      "this config, which checks again from the answers it holds")
+    raise ConfigError(f"'{archive.path}' lost the held-out check's results (its table check_results holds "
+                      f"{len(now.heldout)} of the {recorded} held-out rows the check recorded): rows were deleted; "
+                      "rerun evolve with this config, which checks again from the answers it holds")
 
 
 def heldout_line(g: Gain, claim: Paired, instructed: bool = False) -> str:
