@@ -40,6 +40,7 @@ from compressor_2.verdict.claims import HELDOUT, TRAINING, Arm, Claims
 from compressor_2.verdict.confidence import Paired, correctness_claim, tokens_claim
 from compressor_2.verdict.front import Point, pareto_front
 from compressor_2.verdict.simpler import TOOLS_META, Measuring, Record, Simpler, Tools, read_record, simpler_line, tools
+from compressor_2.verdict.stop_oracle import Oracle, oracle_lines
 
 BASELINE_ID = 0  # the baseline's Point id when no candidate is the all-zero genome
 

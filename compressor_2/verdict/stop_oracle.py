@@ -11,7 +11,8 @@ by answer phase, a token cap): each is read as the share of the oracle's cut it 
   stopped there would have changed the figure.
 - An accepted prefix of n tokens is kept with the end token that stops it: n + 1 tokens, as
   the engines count an answer that ends (never more than the answer had: one cut by the
-  token limit keeps its length).
+  token limit keeps its length). The count is taken off the engine's: its tokens less the
+  retokenised ones after the prefix.
 - An answer no prefix of which is accepted keeps its full length and stays incorrect; one
   incorrect in full with an accepted prefix (a right figure, then a wrong one) is correct
   under the oracle.
@@ -105,7 +106,10 @@ def cut_answer(example: Example, answer: Answer, tokens: AnswerTokens, judge: Ju
         if not answer.is_correct:
             return Cut(answer.tokens, answer.tokens, False, False)
         accepted = len(ids)
-    kept = min(answer.tokens, accepted + 1)
+    # Counted off the engine's count: what the retokenised answer loses after the prefix, and
+    # an end token where the answer had none (the token limit cut it).
+    removed = len(ids) - accepted
+    kept = min(answer.tokens, answer.tokens - removed + (answer.tokens <= len(ids)))
     return Cut(answer.tokens, kept, True, answer.is_correct, tuple(ids[accepted:]), places(prefixes, accepted))
 
 
