@@ -13,7 +13,8 @@ Arms:
   prompt carries CONFIG_COMPARE_INSTRUCTION, "Answer with the figure only." in the preset);
 - with `--roles`: the config with CONFIG_ROLE_CLUSTERS=y (its own cluster directory), the
   model as it is there (the same answers: all deltas 0), and one hand-set delta on one role
-  cluster at a time (`--role-deltas`, -2 and +2 by default), plus the EOS cluster for reference.
+  cluster at a time (`--role-deltas`, -2 and +2 by default), plus EOS +2 for reference;
+  `--instructed`: the same on the instructed prompt.
 
 An arm whose answers file exists is read, not answered again (delete it to redo it). One pass
 of 200 SmolLM2 answers costs 1 to 2 minutes of CPU on one thread.
@@ -51,6 +52,7 @@ from compressor_2.verdict.confidence import Paired, compare, identical  # noqa: 
 
 PRESET = REPO / "configs" / "smollm2.config"
 HELDOUT = REPO / "compressor_2" / "demo" / "data" / "heldout.jsonl"
+EOS_REFERENCE = 2.0  # the EOS delta every --roles table holds for reference (docs/real-model.md measured it)
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,8 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
                         help="where configs, deltas and answers go")
     parser.add_argument("--roles", action="store_true", help="the role clusters' arms instead of plain/instructed")
     parser.add_argument("--role-deltas", default="-2,2", help="the hand-set deltas tried on each role (--roles)")
+    parser.add_argument("--instructed", action="store_true",
+                        help="--roles on the instructed prompt (CONFIG_INSTRUCTION_IN_SEARCH=y)")
     parser.add_argument("--json", type=Path, default=None, help="write the table as JSON here")
     return parser.parse_args(argv)
 
@@ -92,7 +96,9 @@ def plan(args: argparse.Namespace) -> list[ArmSpec]:
         return [ArmSpec("plain", variant(args.config, work / "plain.config", {}), None),
                 ArmSpec("instructed", variant(args.config, work / "instructed.config",
                                               {"INSTRUCTION_IN_SEARCH": "y"}), None)]
-    roles = variant(args.config, work / "roles.config", {
+    prompt = "instructed" if args.instructed else "plain"
+    roles = variant(args.config, work / f"roles_{prompt}.config", {
+        "INSTRUCTION_IN_SEARCH": "y" if args.instructed else "n",
         "ROLE_CLUSTERS": "y", "CLUSTER_DIR": f'"{work / "role_clusters"}"',
         "CLUSTER_DESCRIPTIONS_PATH": f'"{work / "role_clusters" / "cluster_descriptions.json"}"',
         "INITIAL_DELTAS_PATH": f'"{work / "role_clusters" / "initial_deltas.json"}"'})
@@ -100,11 +106,16 @@ def plan(args: argparse.Namespace) -> list[ArmSpec]:
 
     seed_embeddings(load_config(args.config), load_config(roles))
     ids = role_ids(len(ROLES))
-    arms = [ArmSpec("roles: as it is", roles, None, key="plain")]
+    prefix = "instructed " if args.instructed else ""
+    arms = [ArmSpec(f"{prompt}: as it is", roles, None, key=prompt)]
     for value in (float(v) for v in args.role_deltas.split(",")):
-        arms += [ArmSpec(f"{role.name} {value:+g}", roles, {cid: value}) for role, cid in zip(ROLES, ids)]
-        if value > 0:
-            arms.append(ArmSpec(f"EOS {value:+g}", roles, {"0": value}))
+        arms += [ArmSpec(f"{prompt}: {role.name} {value:+g}", roles, {cid: value},
+                         key=slug(f"{prefix}{role.name} {value:+g}")) for role, cid in zip(ROLES, ids)]
+        if value == EOS_REFERENCE:
+            arms.append(ArmSpec(f"{prompt}: EOS {value:+g}", roles, {"0": value}, key=slug(f"{prefix}EOS {value:+g}")))
+    if EOS_REFERENCE not in {float(v) for v in args.role_deltas.split(",")}:
+        arms.append(ArmSpec(f"{prompt}: EOS {EOS_REFERENCE:+g}", roles, {"0": EOS_REFERENCE},
+                            key=slug(f"{prefix}EOS {EOS_REFERENCE:+g}")))
     return arms
 
 
@@ -120,10 +131,15 @@ def seed_embeddings(base: Config, roles: Config) -> None:
             shutil.copyfile(base.cluster_dir / name, roles.cluster_dir / name)
 
 
+def slug(name: str) -> str:
+    """A file name's part for `name`: signs spelt (m2, p2), anything else not alphanumeric "_"."""
+    return "".join(c if c.isalnum() else "_" for c in name.replace("-", "m").replace("+", "p"))
+
+
 def answer(arm: ArmSpec, args: argparse.Namespace) -> Path:
     """The arm's answers file, made by `evaluate` when absent."""
-    slug = arm.key or "".join(c if c.isalnum() else "_" for c in arm.name)
-    out = args.work / f"answers_{slug}_{args.indices}.json"
+    name = arm.key or slug(arm.name)
+    out = args.work / f"answers_{name}_{args.indices}.json"
     if out.exists():
         return out
     command = [sys.executable, "-m", "compressor_2", "evaluate", "--config", str(arm.config), "--data",
@@ -133,7 +149,7 @@ def answer(arm: ArmSpec, args: argparse.Namespace) -> Path:
         from compressor_2.clusters.build import build_clusters
 
         ids = build_clusters(config).cluster_ids
-        deltas = args.work / f"deltas_{slug}.json"
+        deltas = args.work / f"deltas_{name}.json"
         deltas.write_text(json.dumps({cid: arm.deltas.get(cid, 0.0) for cid in ids}), encoding="utf-8")
         command += ["--deltas", str(deltas)]
     print(f"answering: {arm.name}", flush=True)
@@ -159,7 +175,8 @@ def measure(config: Config, arms: list[ArmSpec], files: list[Path]) -> list[dict
         clusters = load_cluster_set(arm_config)
         tokens = AnswerTokens.from_config(arm_config, clusters)
         examples, answers = read_answers(path)
-        summary = summarise(stop_oracle(examples, answers, tokens, judge), clusters.token_clusters, tokens.display)
+        cuts = stop_oracle(examples, answers, tokens, judge)
+        summary = summarise(cuts, clusters.token_clusters, tokens.display)
         pairs = [(a.tokens, a.is_correct) for a in answers]
         reference = reference or (summary, pairs)
         paired = identical(pairs) if reference[1] is pairs else compare(reference[1], pairs)
@@ -167,11 +184,36 @@ def measure(config: Config, arms: list[ArmSpec], files: list[Path]) -> list[dict
         rows.append({"arm": arm.name, "deltas": arm.deltas or {}, "oracle": summary.as_json(),
                      "against_first": dataclasses.asdict(paired), "share_of_first_oracle_cut": share,
                      "clusters": {cid: clusters.descriptions[cid]["description"][:120] for cid, _ in
-                                  summary.top_clusters if cid in clusters.descriptions}})
+                                  summary.top_clusters if cid in clusters.descriptions},
+                     "by_role": by_role(tokens, answers, cuts)})
         print(f"{arm.name}: {summary_text(summary)}")
+        print(f"    by role (removed / kept of the accepted answers): {rows[-1]['by_role']}")
         print(f"    against {arms[0].name}: {shown(paired)}"
               f"{'' if share is None else f'; {100 * share:.0f}% of its oracle cut'}", flush=True)
     return rows
+
+
+def by_role(tokens: Any, answers: list[Answer], cuts: list[Any]) -> dict[str, dict[str, int]]:
+    """What the oracle removes and what it keeps of the answers it accepts, per role of
+    clusters/roles.py (the rule on each token's text, whatever the clusters were built
+    with), numbers (cluster 1's rule) and the rest."""
+    from compressor_2.clusters.roles import ROLES, role_of
+    from compressor_2.clusters.special import is_number_token
+
+    def kind(token: int) -> str:
+        text = tokens.tokenizer.decode([token])
+        role = role_of(text)
+        return "numbers" if is_number_token(text) else "other" if role is None else ROLES[role].name
+
+    counts: dict[str, dict[str, int]] = {"removed": {}, "kept": {}}
+    for a, cut in zip(answers, cuts):
+        if not cut.correct:
+            continue
+        ids = tokens.ids(a.answer).tolist()
+        for part, chosen in (("kept", ids[:len(ids) - len(cut.removed)]), ("removed", list(cut.removed))):
+            for token in chosen:
+                counts[part][kind(token)] = counts[part].get(kind(token), 0) + 1
+    return counts
 
 
 def shown(p: Paired) -> str:

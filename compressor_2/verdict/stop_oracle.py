@@ -191,8 +191,8 @@ def share_reached(baseline_tokens: float, tokens: float, oracle_tokens: float) -
 def summary_text(s: Summary) -> str:
     """The oracle over one way of answering, in words."""
     removed = ", ".join(f"{s.removed[p]:.1f} {p}" for p in PLACES if s.removed[p])
-    clusters = ", ".join(f"{cid} ({100 * count / max(1, sum(c for _, c in s.top_clusters)):.0f}%)"
-                         for cid, count in s.top_clusters[:4])
+    total = max(1.0, sum(s.removed.values()) * s.answers)
+    clusters = ", ".join(f"{cid} ({100 * count / total:.0f}%)" for cid, count in s.top_clusters[:4])
     words = ", ".join(f"{text} {count}" for text, count in s.top_tokens[:6])
     return (f"{s.mean_tokens:.1f} -> {s.oracle_tokens:.1f} tokens, {100 * s.correctness:.1f}% -> "
             f"{100 * s.oracle_correctness:.1f}% correct ({s.shortened} answers cut, {s.rescued} of them correct only "
