@@ -178,7 +178,7 @@ def rows(o: Others) -> dict[str, tuple[dict[str, str | None], dict[str, str | No
         "MAX_WALL_MINUTES": '"5"', "MAX_IDLE_STEPS": "7", "SEED": "1", "POPULATION_SIZE": "6", "NGEN": "5", "CXPB": '"0.4"',
         "MUTPB": '"0.7"', "ELITISM_SIZE": "2", "TOURNAMENT_SIZE": "3", "MUTATION_SCOPE": '"vector"',
         "EMBEDDING_MODEL": '"other-model"', "PCA_COMPONENTS": "4", "NUM_CLUSTERS": "4", "EMBED_BATCH_SIZE": "64",
-        "CLUSTER_SEED": "1", "DELTA_PHASES": "2"}.items()}
+        "CLUSTER_SEED": "1", "DELTA_PHASES": "2", "ROLE_CLUSTERS": "y"}.items()}
     holdout = {"HOLDOUT_DATA": o.data()}  # a held-out set to change from: no check records no setting
     checks = {"HOLDOUT_DATA": (holdout, {"HOLDOUT_DATA": f'"{o.work / "elsewhere.jsonl"}"'}),
               "HOLDOUT_INDICES": (holdout, {"HOLDOUT_INDICES": '"0"'}),

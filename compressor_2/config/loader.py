@@ -116,6 +116,7 @@ class Config:
     num_clusters: int
     embed_batch_size: int
     cluster_seed: int
+    role_clusters: bool  # layout, markup and punctuation in clusters of their own (clusters/roles.py)
     source: Path | None = None  # the .config it was loaded from
 
     def __getattr__(self, name: str) -> Any:
@@ -173,7 +174,8 @@ def _build(r: Reader) -> Config:
                   pca_components=r.integer("PCA_COMPONENTS"),
                   num_clusters=r.integer("NUM_CLUSTERS"),
                   embed_batch_size=r.integer("EMBED_BATCH_SIZE"),
-                  cluster_seed=r.integer("CLUSTER_SEED"))
+                  cluster_seed=r.integer("CLUSTER_SEED"),
+                  role_clusters=r.flag("ROLE_CLUSTERS"))
 
 
 def _checked(r: Reader) -> dict[str, Any]:

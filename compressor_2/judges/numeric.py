@@ -129,6 +129,15 @@ class Figure:
 def extract_figures(text: str) -> list[Figure]:
     """Every figure in `text`, skipping what only looks like one: bare years (2019),
     days of dates (January 28), list markers ("(1)", "2)") and "3M"."""
+    return [figure for _, figure in _placed_figures(text)]
+
+
+def figure_spans(text: str) -> list[tuple[int, int]]:
+    """Where in `text` each of `extract_figures`' figures stands: (start, end) character offsets."""
+    return [span for span, _ in _placed_figures(text)]
+
+
+def _placed_figures(text: str) -> list[tuple[tuple[int, int], Figure]]:
     figures = []
     for m in _FIGURE.finditer(text):
         digits = m["num"].replace(",", "")
@@ -146,8 +155,8 @@ def extract_figures(text: str) -> list[Figure]:
         value = float(digits) * (-1 if negative else 1)
         decimals = len(digits.partition(".")[2])
         text = m.group(0).strip() if bracketed else m.group(0).strip("() ")
-        figures.append(Figure(value, decimals, bool(m["pct"]), bool(m["cur"]),
-                              _SCALES.get(scale_word, 1.0), text))
+        figures.append((m.span(), Figure(value, decimals, bool(m["pct"]), bool(m["cur"]),
+                                         _SCALES.get(scale_word, 1.0), text)))
     return figures
 
 

@@ -10,6 +10,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from compressor_2.clusters.roles import cluster_count
 from compressor_2.deltas import phase_count, split_gene
 from compressor_2.fitness import Record
 from compressor_2.reflector.base import (
@@ -353,5 +354,5 @@ def estimated_call_tokens(config: Config, n_examples: int) -> float:
     example's block with an answer of max_new_tokens (capped as the prompt caps it)."""
     answer_chars = min(config.reflector_answer_max_chars, CHARS_PER_TOKEN * config.max_new_tokens)
     chars = (len(MUTATION_SYSTEM) + len(MUTATION_USER) + SCRATCHPAD_CHARS
-             + (config.num_clusters + 2) * DESCRIPTION_CHARS + n_examples * (200 + answer_chars))
+             + cluster_count(config) * DESCRIPTION_CHARS + n_examples * (200 + answer_chars))
     return chars / CHARS_PER_TOKEN + REPLY_TOKENS

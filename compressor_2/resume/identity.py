@@ -166,6 +166,7 @@ IDENTITY: tuple[Setting, ...] = (
     Setting("CONFIG_PCA_COMPONENTS", ("PCA_COMPONENTS",), lambda c, _: c.pca_components),
     Setting("CONFIG_NUM_CLUSTERS", ("NUM_CLUSTERS",), lambda c, _: c.num_clusters),
     Setting("CONFIG_CLUSTER_SEED", ("CLUSTER_SEED",), lambda c, _: c.cluster_seed),
+    Setting("CONFIG_ROLE_CLUSTERS", ("ROLE_CLUSTERS",), lambda c, _: c.role_clusters),
     Setting("the initial deltas (what CONFIG_INITIAL_DELTAS_PATH holds)", ("INITIAL_DELTAS_PATH",),
             lambda _, i: _initial(i)),
     Setting("CONFIG_SEED", ("SEED",), lambda c, _: c.seed),
