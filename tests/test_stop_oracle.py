@@ -14,7 +14,7 @@ from compressor_2.archive import Answer
 from compressor_2.clusters.special import number_token_ids
 from compressor_2.clusters.tokens import AnswerTokens
 from compressor_2.data import Example
-from compressor_2.judges import JudgeItem, NumericJudge, figure_spans
+from compressor_2.judges import JudgeItem, NumericJudge, figure_spans, stopping_points
 from compressor_2.pretrained import load_tokenizer
 from compressor_2.verdict.claims import Claims
 from compressor_2.verdict.stop_oracle import (
@@ -28,7 +28,6 @@ from compressor_2.verdict.stop_oracle import (
     places,
     share_reached,
     stop_oracle,
-    stopping_points,
     summarise,
 )
 from tests.conftest import REPO

@@ -47,12 +47,16 @@ class AnswerTokens:
                                              dtype=np.int64)
             return self._ids[text]
 
-    def display(self, token_id: int) -> str:
-        """One token's text as a summary shows it: decoded alone, quoted, escapes visible."""
+    def text(self, token_id: int) -> str:
+        """One token's text, decoded alone."""
         with self._lock:
             if self.tokenizer is None and self._load is not None:
                 self.tokenizer = self._load()
-            return repr(str(self.tokenizer.decode([int(token_id)])))
+            return str(self.tokenizer.decode([int(token_id)]))
+
+    def display(self, token_id: int) -> str:
+        """One token's text as a summary shows it: decoded alone, quoted, escapes visible."""
+        return repr(self.text(token_id))
 
     def prefixes(self, text: str) -> tuple[list[int], list[str]]:
         """`text`'s token ids, and the text they decode to 0, 1, ..., all of them long (what a

@@ -99,6 +99,7 @@ class Config:
     reflector_concurrency: int
     reflector_answer_max_chars: int
     local_reflector_step: float
+    reflector_padding_evidence: bool  # the reflectors read the stop oracle's evidence (numeric judge only)
     # Strategy and budgets (0: unlimited)
     strategy: str
     max_metric_calls: int
@@ -306,6 +307,7 @@ def _fitness_and_reflector(r: Reader, checked: dict[str, Any]) -> dict[str, Any]
         reflector_concurrency=r.integer("REFLECTOR_CONCURRENCY"),
         reflector_answer_max_chars=r.integer("REFLECTOR_ANSWER_MAX_CHARS"),
         local_reflector_step=r.number("LOCAL_REFLECTOR_STEP", 1e-6, MAX_LOGITS),
+        reflector_padding_evidence=r.flag("REFLECTOR_PADDING_EVIDENCE"),
     )
 
 

@@ -305,18 +305,31 @@ class NumericJudge:
         return Verdict(implied == expected, f"gold is '{expected}'; the answer states no yes/no, "
                                             f"its first sentence implies '{implied}'")
 
-    def _figures(self, answer: str, gold: str, kind: GoldKind) -> Verdict:
-        wanted = extract_figures(gold)
+    def missing_figures(self, answer: str, gold: str) -> list[Figure]:
+        """The gold's figures that `answer` lacks, read as the judge reads them (none for a
+        yes/no or prose gold)."""
+        kind = gold_kind(gold.strip())
+        if kind not in ("figure", "figures_in_prose"):
+            return []
+        return self._missing(extract_figures(gold.strip()), self._found(answer.strip(), kind)[0])
+
+    def _found(self, answer: str, kind: GoldKind) -> tuple[list[Figure], str]:
         # A bare-figure gold asks for one result, which worked answers state last; a
         # sentence with several figures may be answered anywhere in the text.
         if kind == "figure":
-            found, where = conclusion_figures(answer)
-        else:
-            found, where = extract_figures(answer), "the answer"
+            return conclusion_figures(answer)
+        return extract_figures(answer), "the answer"
+
+    def _missing(self, wanted: list[Figure], found: list[Figure]) -> list[Figure]:
+        return [g for g in wanted if not any(figure_matches(a, g, self.tolerance) for a in found)]
+
+    def _figures(self, answer: str, gold: str, kind: GoldKind) -> Verdict:
+        wanted = extract_figures(gold)
+        found, where = self._found(answer, kind)
         if not found:
             return Verdict(False, f"gold {_show(wanted)}; the answer has no figure")
         rule = f"at the gold's precision or within {self.tolerance:.1%}"
-        missing = [g for g in wanted if not any(figure_matches(a, g, self.tolerance) for a in found)]
+        missing = self._missing(wanted, found)
         if missing:
             more = " ..." if len(found) > 8 else ""
             return Verdict(False, f"gold {_show(wanted)}: {_show(missing)} not among the figures of "

@@ -190,6 +190,8 @@ MAY_CHANGE: tuple[Setting, ...] = (
       for name in ("reflector_model", "reflector_base_url", "reflector_api_key_env", "reflector_timeout",
                    "reflector_max_retries", "reflector_max_consecutive_failures", "reflector_answer_max_chars",
                    "local_reflector_step")),
+    Setting("CONFIG_REFLECTOR_PADDING_EVIDENCE", ("REFLECTOR_PADDING_EVIDENCE",),
+            lambda c, _: True if c.reflector_padding_evidence else None, REFLECTOR, absent="False"),
     Setting("CONFIG_REFLECTOR_CONCURRENCY", ("REFLECTOR_CONCURRENCY",), lambda c, _: c.reflector_concurrency,
             CONCURRENCY),
     Setting("CONFIG_JUDGE_BASE_URL", ("JUDGE_BASE_URL",), lambda c, _: c.judge_base_url, JUDGE_ENDPOINT),

@@ -7,8 +7,8 @@ by answer phase, a token cap): each is read as the share of the oracle's cut it 
   it, verdict/simpler.py) and decoded one token longer each time; each is judged as the
   whole answer was. The whole answer keeps the verdict the run recorded.
 - A prefix that ends inside one of the whole answer's figures or numbers is no stopping
-  point (`stopping_points`): the judge may accept "$31" for "$31,057 million", a rule that
-  stopped there would have changed the figure.
+  point (`judges.stopping_points`): the judge may accept "$31" for "$31,057 million", a rule
+  that stopped there would have changed the figure.
 - An accepted prefix of n tokens is kept with the end token that stops it: n + 1 tokens, as
   the engines count an answer that ends (never more than the answer had: one cut by the
   token limit keeps its length). The count is taken off the engine's: its tokens less the
@@ -26,7 +26,6 @@ would be asked once per prefix of every answer.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -37,16 +36,13 @@ import numpy as np
 from compressor_2.archive import Answer
 from compressor_2.clusters.tokens import AnswerTokens
 from compressor_2.data import Example
-from compressor_2.judges import Judge, JudgeItem, figure_spans
+from compressor_2.judges import Judge, figure_spans, first_accepted
 from compressor_2.verdict.claims import HELDOUT, Arm, Claims
 
 BEFORE, FIGURES, AFTER, NO_FIGURE = "before the first figure", "in the figures' span", "after the last figure", \
     "in answers without a figure"
 PLACES = (BEFORE, FIGURES, AFTER, NO_FIGURE)
 TOP = 10  # tokens and clusters a summary names
-# At an offset inside a number: after a digit, before a digit or a separator and a digit;
-# or between a digit and its separator and the next digit.
-_INSIDE_NUMBER = re.compile(r"(?<=\d)[.,]?\d|(?<=\d[.,])\d")
 MEASURED_JUDGE = "numeric"
 
 
@@ -81,27 +77,10 @@ def places(prefixes: Sequence[str], start: int) -> tuple[str, ...]:
                  for i in range(start, len(prefixes) - 1))
 
 
-def stopping_points(prefixes: Sequence[str]) -> list[int]:
-    """The lengths, short of the whole answer, at which a rule may stop it: every prefix that
-    does not end inside one of the whole answer's figures or numbers (a digit the answer goes
-    on from with a digit, or with a separator and a digit). Stopping "$31,057 million" after
-    "$31" would change the figure, though the numeric judge, which reads "$31" as $31 billion
-    at its precision, accepts it."""
-    whole = prefixes[-1]
-    spans = figure_spans(whole)
-
-    def inside(end: int) -> bool:
-        return any(start < end < stop for start, stop in spans) or _INSIDE_NUMBER.match(whole, end) is not None
-
-    return [n for n in range(1, len(prefixes) - 1) if not inside(len(prefixes[n]))]
-
-
 def cut_answer(example: Example, answer: Answer, tokens: AnswerTokens, judge: Judge) -> Cut:
     """`answer` to `example` under the oracle: its shortest accepted prefix."""
     ids, prefixes = tokens.prefixes(answer.answer)
-    points = stopping_points(prefixes)
-    verdicts = judge.judge([JudgeItem(example.question, prefixes[n], example.gold) for n in points])
-    accepted = next((n for n, v in zip(points, verdicts) if v.is_correct), None)
+    accepted = first_accepted(judge, example.question, example.gold, prefixes)
     if accepted is None:
         if not answer.is_correct:
             return Cut(answer.tokens, answer.tokens, False, False)
