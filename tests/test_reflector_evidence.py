@@ -196,3 +196,18 @@ def test_without_the_option_or_with_a_judge_that_is_not_numeric_there_is_no_evid
     assert isinstance(padding_evidence(config("CONFIG_REFLECTOR_PADDING_EVIDENCE=y\n"), tokens()), PaddingEvidence)
     for judge in ("CONFIG_JUDGE_LLM=y\n", "CONFIG_JUDGE_HYBRID=y\n"):
         assert padding_evidence(config(f"CONFIG_REFLECTOR_PADDING_EVIDENCE=y\n{judge}"), tokens()) is None
+
+
+@pytest.mark.slow
+def test_a_two_phase_run_reads_the_evidence_and_one_without_it_does_not(tmp_path, shared, tiny_model_dir):
+    from compressor_2.commands.evolve import evolve
+    from tests.test_evolution_support import config_for
+
+    for option in ("y", "n"):
+        (tmp_path / option).mkdir()
+        config = config_for(tmp_path / option, shared, tiny_model_dir, DELTA_PHASES="2",
+                            REFLECTOR_PADDING_EVIDENCE=option)
+        evolve(config)
+        prompts = [p.read_text() for p in (config.output_dir / "reflector_prompts").glob("*mutation*")]
+        assert prompts and (option == "y") == all("Where each response could have stopped" in p for p in prompts)
+        assert (option == "y") == all("\nstop: " in p for p in prompts)

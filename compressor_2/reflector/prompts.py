@@ -138,7 +138,7 @@ PADDING_NOTE = """\
 Where each response could have stopped: "stop:" names the token count after which the judge \
 already accepts the response, the token it generated there instead of ending{phase}, and the \
 padding after it by cluster (tokens per cluster). "missing gold figures:" lists the gold figures an \
-incorrect response lacks and the clusters their tokens belong to: lowering those clusters would cost \
+incorrect response lacks and the clusters of their digits: lowering those clusters would cost \
 correctness.
 
 """
