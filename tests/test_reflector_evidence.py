@@ -117,8 +117,11 @@ def deltas(phases: int) -> dict[str, float]:
     return {gene: 0.0 for gene in gene_ids([str(k) for k in range(CLUSTERS)], phases)}
 
 
-def mutation(target: str, scratchpad: str = "", phases: int = 2, seed: int = 0) -> tuple[float, str]:
-    request = MutationRequest(3, 1, target, deltas(phases), scratchpad, 0.5, records(), evidence=evidence_of(phases))
+def mutation(target: str, scratchpad: str = "", phases: int = 2, seed: int = 0,
+             correct_only: bool = False) -> tuple[float, str]:
+    kept = [i for i, r in enumerate(records()) if r.is_correct or not correct_only]
+    request = MutationRequest(3, 1, target, deltas(phases), scratchpad, 0.5, [records()[i] for i in kept],
+                              evidence=tuple(evidence_of(phases)[i] for i in kept))
     reply = json.loads(LocalProposer(tokens(), 1.0, seed).mutation(request, [], 1).content)
     return reply["delta"], reply["scratchpad"].splitlines()[-1]
 
@@ -128,10 +131,13 @@ def test_the_local_reflector_lowers_the_padding_s_pairs_and_raises_eos_where_ans
     assert value < 0 and "it carries 76.2% of the padding" in note
     value, note = mutation("1:3")
     assert value < 0 and "of the padding" in note
-    value, note = mutation("1:0")  # two answers could have stopped in phase 1, one ended there short
-    assert value > 0 and "2 answer(s) could have stopped in phase 1 (where they generated '.')" in note
-    value, note = mutation("0:4")  # carries what the answers keep, none of the padding
-    assert value > 0 and "0.0% of the padding" in note
+    value, note = mutation("1:0", correct_only=True)
+    assert value > 0 and ("2 answer(s) could have stopped in phase 1 (where they generated '.') and no incorrect "
+                          "one ended there") in note
+    value, note = mutation("1:0")  # and one incorrect answer ended in phase 1 with one figure of the gold's two
+    assert value < 0 and "1 incorrect answer(s) ended in phase 1 with fewer figures than the gold" in note
+    value, note = mutation("0:4")  # carries what the answers keep, none of the padding: the shares decide
+    assert "padding" not in note and "of padded answers" in note
 
 
 def test_the_local_reflector_never_lowers_the_clusters_of_missing_gold_figures():
@@ -153,7 +159,7 @@ def vector(phases: int = 2, seed: int = 0) -> dict[str, float]:
 def test_a_full_vector_move_takes_eos_in_every_phase_and_the_padding_s_strongest_pairs():
     moved = {gene: value for gene, value in vector().items() if value != 0.0}
     assert set(moved) == {"0:0", "1:0", "1:4", "1:3"}
-    assert moved["1:0"] > 0 and moved["1:4"] < 0 and moved["1:3"] < 0
+    assert moved["1:0"] < 0 and moved["1:4"] < 0 and moved["1:3"] < 0  # an answer ended short in phase 1
 
 
 def test_the_proposals_are_a_pure_function_of_the_request_and_the_seed():

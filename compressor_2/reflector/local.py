@@ -24,13 +24,13 @@ With the stop oracle's evidence (CONFIG_REFLECTOR_PADDING_EVIDENCE, reflector/ev
 each answer could have stopped, the padding after it by phase and cluster, the gold figures an
 incorrect answer lacks), it is read first:
 
-- EOS in phase p goes up when more answers could have stopped in phase p (their first padding
-  token was chosen there) than incorrect ones ended there with fewer figures than the gold,
-  down when fewer; on a tie today's rule decides.
+- EOS in phase p goes down when an incorrect answer ended in phase p with fewer figures than
+  the gold, else up when answers could have stopped in phase p (their first padding token was
+  chosen there); when neither happened there, the rule above decides.
 - Any other (phase, cluster) pair, without a verdict of its lineage on it, goes down when it
-  carries a larger share of all the padding than of the tokens the answers keep, up when a
-  smaller; a pair that carries neither falls back on the shares. In full-vector mode a pair
-  that carries padding outranks any share difference.
+  carries a larger share of all the padding than of the tokens the answers keep; otherwise the
+  rules above decide. In full-vector mode a pair that carries padding outranks any share
+  difference.
 - A cluster whose tokens write a gold figure an incorrect answer lacks (numbers, mostly) is
   never lowered, in any phase: the move turns up.
 
@@ -72,7 +72,7 @@ JITTER = (0.8, 1.25)
 VECTOR_MOVES = 3  # clusters a full-vector proposal moves: EOS and the two with the strongest evidence
 MEMORY_STRENGTH = 3.0  # a lineage's verdict on a move outweighs any share difference (those sum to at most 2)
 # A pair that carries more of the padding than of the kept tokens outweighs any share difference, not a
-# lineage's verdict; one that carries more of the kept tokens is only raised when little else is to move.
+# lineage's verdict.
 PADDING_STRENGTH = 2.0
 SHOWN_TOKENS = 4  # the stop tokens a note names
 
@@ -370,33 +370,31 @@ def reading_of(evidence: Evidence | None) -> Reading | None:
 
 
 def eos_direction(target: str, reading: Reading, phased: bool) -> tuple[int, str, float] | None:
-    """EOS in the target's phase: up when more answers could have stopped in that phase than
-    ended there short of the gold's figures, down when fewer; None on a tie (no evidence)."""
+    """EOS in the target's phase: down when an incorrect answer ended there with fewer figures
+    than the gold (one answer cut short costs more than a few tokens), else up when answers
+    could have stopped there; None when neither happened in that phase."""
     phase = split_gene(target)[0]
     stops, short = reading.stops[phase], reading.cut_short[phase]
     where = f" in phase {phase}" if phased else ""
-    if stops > short:
+    if short:
+        return -1, (f"{short} incorrect answer(s) ended{where} with fewer figures than the gold "
+                    f"({stops} could have stopped there)"), math.inf
+    if stops:
         seen = ", ".join(list(dict.fromkeys(reading.stop_tokens[phase]))[:SHOWN_TOKENS])
-        return 1, (f"{stops} answer(s) could have stopped{where} (where they generated {seen}) against {short} "
-                   "incorrect one(s) that ended there with fewer figures than the gold"), math.inf
-    if short > stops:
-        return -1, (f"{short} incorrect answer(s) ended{where} with fewer figures than the gold, against {stops} "
-                    "that could have stopped there"), math.inf
+        return 1, (f"{stops} answer(s) could have stopped{where} (where they generated {seen}) and no incorrect one "
+                   "ended there with fewer figures than the gold"), math.inf
     return None
 
 
 def padding_direction(target: str, reading: Reading) -> tuple[int, str, float] | None:
     """A (phase, cluster) pair down when it carries a larger share of the padding (the tokens
-    after the points where answers could have stopped) than of the tokens answers keep, up
-    when a smaller; None when it carries neither."""
+    after the points where answers could have stopped) than of the tokens answers keep; None
+    otherwise: the evidence says nothing of a raise."""
     pad, kept = reading.share(target)
-    seen = (f"it carries {_percent(pad)} of the padding after the points where answers could have stopped and "
-            f"{_percent(kept)} of the tokens they keep")
-    if pad > kept:
-        return -1, seen, PADDING_STRENGTH + pad - kept
-    if kept > pad:
-        return 1, seen, kept - pad
-    return None
+    if pad <= kept:
+        return None
+    return -1, (f"it carries {_percent(pad)} of the padding after the points where answers could have stopped and "
+                f"{_percent(kept)} of the tokens they keep"), PADDING_STRENGTH + pad - kept
 
 
 def _distance(a: Mapping[str, float], b: Mapping[str, float]) -> float:
