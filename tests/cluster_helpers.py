@@ -21,7 +21,8 @@ def cluster_config(folder: Path, model_dir: Path, name: str = "test.config", **s
     }
     kept = [line for line in (REPO / "defconfig").read_text().splitlines()
             if line.split("=", 1)[0].removeprefix("CONFIG_") not in values]
-    assigned = [f'CONFIG_{k}="{v}"' if isinstance(v, str) else f"CONFIG_{k}={v}" for k, v in values.items()]
+    assigned = [f'CONFIG_{k}="{v}"' if isinstance(v, str) else f"CONFIG_{k}={'y' if v else 'n'}"
+                if isinstance(v, bool) else f"CONFIG_{k}={v}" for k, v in values.items()]
     path = folder / name
     path.write_text("\n".join(kept + assigned) + "\n")
     return load_config(path)

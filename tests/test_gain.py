@@ -104,12 +104,16 @@ def test_the_run_ends_with_the_best_and_the_baseline_held_out(heldout_runs):
         b, z = heldout[genome_key(list(best.deltas.values()))], heldout[zeros]
     finally:
         archive.close()
-    line = last_line(printed)
+    [line] = [line for line in printed.splitlines() if line.startswith("held-out (")]
     assert line.startswith(f"held-out (1 questions): best #{best.id} {b.mean_tokens:.1f} tokens")
     assert f"against the baseline's {z.mean_tokens:.1f} tokens, {100 * z.correctness:.1f}% correct" in line
     assert f"gap from training: {b.mean_tokens - best.mean_tokens:+.1f} tokens" in line
     assert f"held-out check: {len(heldout)} genomes" in printed
     assert (checked / "front.png").stat().st_size > 0 and (checked / "report.html").stat().st_size > 0
+    # Then the stop oracle of the baseline's and the best's held-out answers, the run's last lines.
+    oracle = printed.strip().splitlines()[-2 if b.mean_tokens != z.mean_tokens else -1:]
+    assert oracle[0].startswith(f"stop oracle held out (1 questions), the baseline: {z.mean_tokens:.1f} -> ")
+    assert all(line.startswith("stop oracle") for line in oracle)
 
 
 def test_a_rerun_serves_the_held_out_check_from_the_cache(heldout_runs, tmp_path, shared, tiny_model_dir, capsys):

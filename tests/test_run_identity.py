@@ -174,11 +174,11 @@ def rows(o: Others) -> dict[str, tuple[dict[str, str | None], dict[str, str | No
         "EVAL_CONCURRENCY": "8",
         "LAMBDA_SHORTNESS": '"0.7"', "LAMBDA_CORRECTNESS": '"0.3"', "SHORTNESS_SCALE": '"20"',
         "CORRECTNESS_TOLERANCE": '"0.02"', "REFLECTOR_CONCURRENCY": "2", "REFLECTOR_ANSWER_MAX_CHARS": "300",
-        "LOCAL_REFLECTOR_STEP": '"0.5"', "MAX_METRIC_CALLS": "50", "MAX_REFLECTOR_TOKENS": "1000",
+        "LOCAL_REFLECTOR_STEP": '"0.5"', "REFLECTOR_PADDING_EVIDENCE": "y", "MAX_METRIC_CALLS": "50", "MAX_REFLECTOR_TOKENS": "1000",
         "MAX_WALL_MINUTES": '"5"', "MAX_IDLE_STEPS": "7", "SEED": "1", "POPULATION_SIZE": "6", "NGEN": "5", "CXPB": '"0.4"',
         "MUTPB": '"0.7"', "ELITISM_SIZE": "2", "TOURNAMENT_SIZE": "3", "MUTATION_SCOPE": '"vector"',
         "EMBEDDING_MODEL": '"other-model"', "PCA_COMPONENTS": "4", "NUM_CLUSTERS": "4", "EMBED_BATCH_SIZE": "64",
-        "CLUSTER_SEED": "1", "DELTA_PHASES": "2"}.items()}
+        "CLUSTER_SEED": "1", "DELTA_PHASES": "2", "ROLE_CLUSTERS": "y"}.items()}
     holdout = {"HOLDOUT_DATA": o.data()}  # a held-out set to change from: no check records no setting
     checks = {"HOLDOUT_DATA": (holdout, {"HOLDOUT_DATA": f'"{o.work / "elsewhere.jsonl"}"'}),
               "HOLDOUT_INDICES": (holdout, {"HOLDOUT_INDICES": '"0"'}),

@@ -1,8 +1,9 @@
 """`build-clusters`: the tokenizer's vocabulary -> one cluster id per token.
 
 EOS/EOT tokens -> "0", number tokens -> "1", other special and added tokens -> UNSTEERED,
-in no cluster (clusters/special.py); every other token: decoded text ->
-sentence-transformers embedding -> PCA -> k-means label c -> "c + 2".
+in no cluster (clusters/special.py); with CONFIG_ROLE_CLUSTERS=y, the tokens of each role
+(clusters/roles.py) -> "2", "3", ...; every other token: decoded text ->
+sentence-transformers embedding -> PCA -> k-means label c -> "c + 2" (after the roles' ids).
 
 Cached: the inputs (vocabulary, embedding model, PCA size, k, seed, rule version)
 are fingerprinted; a rerun with the same inputs and an intact artifact set only prints
@@ -43,6 +44,7 @@ from compressor_2.clusters.clusterset import (
 from compressor_2.clusters.describe import describe_clusters, unsteered
 from compressor_2.clusters.embed import MAX_PIECES, embed_texts
 from compressor_2.clusters.layout import LOCK_FILE, UNSTEERED
+from compressor_2.clusters.roles import FIRST_ROLE_ID, ROLES, Role, role_token_ids
 from compressor_2.clusters.special import EMBEDDED_TEXT_VERSION, number_token_ids, strip_markers
 from compressor_2.clusters.vocab import Vocabulary, load_vocabulary, tokenizer_files_digest
 from compressor_2.clusters.written import claim, written_here
@@ -209,11 +211,8 @@ def _rebuild(config: Config, paths: ArtifactPaths, vocab: Vocabulary, inputs: di
         if written_here(paths, target):  # known by the record alone, which goes now: into the ledger
             claim(paths, target, target.read_bytes())
     paths.record.unlink(missing_ok=True)
-    token_clusters = np.full(len(vocab), _PENDING, dtype=np.int64)
-    token_clusters[sorted(vocab.unsteered_ids)] = UNSTEERED
-    token_clusters[sorted(vocab.eos_ids)] = 0
-    fixed = vocab.eos_ids | vocab.unsteered_ids
-    token_clusters[sorted(number_token_ids(vocab.texts, exclude=fixed))] = 1
+    token_clusters, roles = _fixed_clusters(vocab, config.role_clusters)
+    first = FIRST_ROLE_ID + len(roles)  # the first k-means cluster's id
     kmeans_ids = np.flatnonzero(token_clusters == _PENDING)
     k = config.num_clusters
     if len(kmeans_ids) < k:
@@ -228,8 +227,8 @@ def _rebuild(config: Config, paths: ArtifactPaths, vocab: Vocabulary, inputs: di
     pca = PCA(n_components=components, random_state=config.cluster_seed).fit(selected)
     points = pca.transform(selected)
     kmeans = KMeans(n_clusters=k, random_state=config.cluster_seed, n_init=KMEANS_RESTARTS).fit(points)
-    token_clusters[kmeans_ids] = kmeans.labels_ + 2
-    descriptions = describe_clusters(vocab, token_clusters, points, kmeans.cluster_centers_)
+    token_clusters[kmeans_ids] = kmeans.labels_ + first
+    descriptions = describe_clusters(vocab, token_clusters, points, kmeans.cluster_centers_, roles)
 
     _save_joblib(paths.pca, pca)
     _save_joblib(paths.kmeans, kmeans)
@@ -250,16 +249,35 @@ def _rebuild(config: Config, paths: ArtifactPaths, vocab: Vocabulary, inputs: di
     # Last: only now is the set complete.
     atomic_write_json(paths.record, record)
 
-    counts = np.bincount(token_clusters[token_clusters >= 0], minlength=k + 2)
+    counts = np.bincount(token_clusters[token_clusters >= 0], minlength=k + first)
     pca_note = f"PCA {components}" + (f" (clipped from {config.pca_components})"
                                       if components < config.pca_components else "")
+    role_note = "".join(f"{FIRST_ROLE_ID + i} ({role.name}) {counts[FIRST_ROLE_ID + i]:,}, "
+                        for i, role in enumerate(roles))
     print(
-        f"built {k + 2} clusters for {len(vocab):,} tokens in {time.perf_counter() - started:.1f}s: "
-        f"0 (EOS/EOT) {counts[0]}, 1 (numbers) {counts[1]:,}, 2..{k + 1} k-means over "
+        f"built {k + first} clusters for {len(vocab):,} tokens in {time.perf_counter() - started:.1f}s: "
+        f"0 (EOS/EOT) {counts[0]}, 1 (numbers) {counts[1]:,}, {role_note}{first}..{k + first - 1} k-means over "
         f"{len(kmeans_ids):,} tokens ({pca_note}{', embeddings reused' if reused else ''})"
         f"{_unsteered_note(record['unsteered'])} -> {paths.cluster_dir}"
     )
     return read_cluster_set(paths, record["fingerprint"])
+
+
+def _fixed_clusters(vocab: Vocabulary, by_role: bool) -> tuple[np.ndarray, tuple[Role, ...]]:
+    """The cluster map before k-means: the unsteered tokens, EOS "0", numbers "1", and with
+    `by_role` each role's tokens from FIRST_ROLE_ID on; every other token _PENDING. Returns
+    the roles made."""
+    token_clusters = np.full(len(vocab), _PENDING, dtype=np.int64)
+    token_clusters[sorted(vocab.unsteered_ids)] = UNSTEERED
+    token_clusters[sorted(vocab.eos_ids)] = 0
+    fixed = vocab.eos_ids | vocab.unsteered_ids
+    numbers = number_token_ids(vocab.texts, exclude=fixed)
+    token_clusters[sorted(numbers)] = 1
+    if not by_role:
+        return token_clusters, ()
+    for index, ids in enumerate(role_token_ids(vocab.texts, exclude=fixed | numbers)):
+        token_clusters[ids] = FIRST_ROLE_ID + index
+    return token_clusters, ROLES
 
 
 def _is_ours(paths: ArtifactPaths, record: dict[str, Any] | None) -> bool:

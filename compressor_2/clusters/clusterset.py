@@ -34,6 +34,7 @@ from compressor_2.clusters.layout import (
     PCA_FILE,
     TOKEN_CLUSTERS_FILE,
 )
+from compressor_2.clusters.roles import ROLES_VERSION
 from compressor_2.clusters.special import RULES_VERSION
 from compressor_2.clusters.vocab import load_vocabulary, tokenizer_files_digest
 from compressor_2.common import ConfigError
@@ -111,10 +112,16 @@ class ArtifactPaths:
                 self.cluster_dir / LEDGER_FILE, self.cluster_dir / LOCK_FILE)
 
 
+ROLES_INPUT = "roles"  # an input only with CONFIG_ROLE_CLUSTERS=y: a build without roles keeps its fingerprint
+NAMES = {"embedding_model": "CONFIG_EMBEDDING_MODEL", "pca_components": "CONFIG_PCA_COMPONENTS",
+         "num_clusters": "CONFIG_NUM_CLUSTERS", "seed": "CONFIG_CLUSTER_SEED", ROLES_INPUT: "CONFIG_ROLE_CLUSTERS",
+         "vocabulary": "the vocabulary of CONFIG_MODEL_PATH"}
+
+
 def config_inputs(config: Config) -> dict[str, Any]:
     """The inputs the config's settings determine (checked without loading the tokenizer);
     the vocabulary is the other one (`vocabulary_problem`)."""
-    return {
+    inputs = {
         "format": FORMAT_VERSION,
         "rules": RULES_VERSION,
         "embedding_model": config.embedding_model,
@@ -122,6 +129,9 @@ def config_inputs(config: Config) -> dict[str, Any]:
         "num_clusters": config.num_clusters,
         "seed": config.cluster_seed,  # the key predates CONFIG_CLUSTER_SEED: same value, same fingerprint
     }
+    if config.role_clusters:
+        inputs[ROLES_INPUT] = f"y (role rules {ROLES_VERSION})"
+    return inputs
 
 
 def fingerprint_of(inputs: dict[str, Any]) -> str:
@@ -159,14 +169,17 @@ def record_problem(record: dict[str, Any] | None, paths: ArtifactPaths) -> str |
 
 def changed_input(recorded: dict[str, Any], current: dict[str, Any]) -> str | None:
     """The first of `current`'s inputs the record holds otherwise, in words; keys only the
-    record has (a model path, from before sets were keyed by the vocabulary) are not inputs."""
-    for key, value in current.items():
-        if recorded.get(key) != value:
-            name = {"embedding_model": "CONFIG_EMBEDDING_MODEL", "pca_components": "CONFIG_PCA_COMPONENTS",
-                    "num_clusters": "CONFIG_NUM_CLUSTERS", "seed": "CONFIG_CLUSTER_SEED",
-                    "vocabulary": "the vocabulary of CONFIG_MODEL_PATH"}.get(key, f"the {key} version")
-            return f"{name} is {value!r} but the clusters were built with {recorded.get(key)!r}"
+    record has (a model path, from before sets were keyed by the vocabulary) are not inputs,
+    but the roles, which only a build with them records, are."""
+    for key in (*current, *([ROLES_INPUT] if ROLES_INPUT in recorded else [])):
+        if recorded.get(key) != current.get(key):
+            return (f"{NAMES.get(key, f'the {key} version')} is {_shown(key, current.get(key))} but the clusters were "
+                    f"built with {_shown(key, recorded.get(key))}")
     return None
+
+
+def _shown(key: str, value: Any) -> str:
+    return "n" if key == ROLES_INPUT and value is None else repr(value)
 
 
 def vocabulary_problem(record: dict[str, Any], config: Config) -> str | None:

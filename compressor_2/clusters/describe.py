@@ -4,11 +4,12 @@ no cluster, are described apart (`unsteered`): the build records and prints them
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from compressor_2.clusters.layout import UNSTEERED
+from compressor_2.clusters.roles import FIRST_ROLE_ID, Role
 from compressor_2.clusters.vocab import Vocabulary
 
 REPRESENTATIVES = 20
@@ -47,9 +48,11 @@ def describe_clusters(
     token_clusters: np.ndarray,
     points: np.ndarray,
     centers: np.ndarray,
+    roles: Sequence[Role] = (),
 ) -> dict[str, dict]:
     """`points[j]` is the reduced embedding of the j-th k-means token (ascending id);
-    `centers[c]` the centre of k-means label c, i.e. cluster id c + 2."""
+    `centers[c]` the centre of k-means label c, i.e. cluster id c + 2 + len(roles); role i
+    is cluster FIRST_ROLE_ID + i."""
     eos = np.flatnonzero(token_clusters == 0)
     numbers = np.flatnonzero(token_clusters == 1)
     descriptions = {
@@ -57,15 +60,19 @@ def describe_clusters(
         "0": _entry(EOS_DESCRIPTION, len(eos), _distinct(vocab, eos)),
         "1": _entry(NUMBER_DESCRIPTION, len(numbers), _distinct(vocab, numbers)),
     }
-    kmeans_ids = np.flatnonzero(token_clusters >= 2)
-    labels = token_clusters[kmeans_ids] - 2
+    for index, role in enumerate(roles):
+        members = np.flatnonzero(token_clusters == FIRST_ROLE_ID + index)
+        descriptions[str(FIRST_ROLE_ID + index)] = _entry(role.description, len(members), _distinct(vocab, members))
+    first = FIRST_ROLE_ID + len(roles)
+    kmeans_ids = np.flatnonzero(token_clusters >= first)
+    labels = token_clusters[kmeans_ids] - first
     for label, center in enumerate(centers):
         members = np.flatnonzero(labels == label)
         distance = np.linalg.norm(points[members] - center, axis=1)
         nearest = kmeans_ids[members[np.argsort(distance, kind="stable")]]
         tokens = _distinct(vocab, nearest)
         shown = ", ".join(repr(t) for t in tokens[:8])
-        descriptions[str(label + 2)] = _entry(
+        descriptions[str(label + first)] = _entry(
             f"k-means cluster of {len(members):,} tokens; nearest its centre: {shown}",
             len(members), tokens,
         )

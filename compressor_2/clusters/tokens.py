@@ -47,6 +47,24 @@ class AnswerTokens:
                                              dtype=np.int64)
             return self._ids[text]
 
+    def text(self, token_id: int) -> str:
+        """One token's text, decoded alone."""
+        with self._lock:
+            if self.tokenizer is None and self._load is not None:
+                self.tokenizer = self._load()
+            return str(self.tokenizer.decode([int(token_id)]))
+
+    def display(self, token_id: int) -> str:
+        """One token's text as a summary shows it: decoded alone, quoted, escapes visible."""
+        return repr(self.text(token_id))
+
+    def prefixes(self, text: str) -> tuple[list[int], list[str]]:
+        """`text`'s token ids, and the text they decode to 0, 1, ..., all of them long (what a
+        token cap at each length leaves of it)."""
+        ids = self.ids(text).tolist()
+        with self._lock:
+            return ids, [str(self.tokenizer.decode(ids[:n], skip_special_tokens=True)) for n in range(len(ids) + 1)]
+
     def length(self, text: str) -> int:
         """Tokens of `text`: what an answer's `tokens` counts, without its EOS."""
         return len(self.ids(text))

@@ -51,7 +51,7 @@ from compressor_2.resume import (
 )
 from compressor_2.run import DELTAS_BEST, PROCESSOR_BEST, BestEver, Budget, Limits, Run, Workers, drive, shortfall
 from compressor_2.strategies import Plugin, load_strategy
-from compressor_2.verdict import Checks, other_side_examples, simpler_options
+from compressor_2.verdict import Checks, Oracle, other_side_examples, simpler_options
 
 if TYPE_CHECKING:
     from compressor_2.clusters.clusterset import ClusterSet
@@ -179,12 +179,13 @@ def services(config: Config, inputs: Inputs, archive: RunArchive, identity: dict
     from compressor_2.steering.generate import model_classes, write_processor
 
     ids = gene_ids(inputs.clusters.cluster_ids, config.delta_phases)
+    judge = make_judge(config)
     # The search's and the checks' evaluators differ only in where answers are kept.
-    evaluator_on = functools.partial(Evaluator, engine, make_judge(config), inputs.examples, config.lambda_shortness,
+    evaluator_on = functools.partial(Evaluator, engine, judge, inputs.examples, config.lambda_shortness,
                                      config.lambda_correctness, config.shortness_scale, context=inputs.context,
                                      reuse=config.temperature == 0)
     checks = Checks(evaluator_on(store=CheckStore(archive)), archive, inputs.examples, inputs.heldout, len(ids),
-                    simpler_options(config, ids, tokens))
+                    simpler_options(config, ids, tokens), Oracle(tokens, judge, config.judge))
     budget = Budget(Limits.from_config(config), archive)
     if warning := shortfall(budget.limits, budget.spent(), strategy.estimate(config, len(inputs.examples))):
         say(f"warning: {warning}")

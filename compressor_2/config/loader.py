@@ -99,6 +99,7 @@ class Config:
     reflector_concurrency: int
     reflector_answer_max_chars: int
     local_reflector_step: float
+    reflector_padding_evidence: bool  # the reflectors read the stop oracle's evidence (numeric judge only)
     # Strategy and budgets (0: unlimited)
     strategy: str
     max_metric_calls: int
@@ -116,6 +117,7 @@ class Config:
     num_clusters: int
     embed_batch_size: int
     cluster_seed: int
+    role_clusters: bool  # layout, markup and punctuation in clusters of their own (clusters/roles.py)
     source: Path | None = None  # the .config it was loaded from
 
     def __getattr__(self, name: str) -> Any:
@@ -173,7 +175,8 @@ def _build(r: Reader) -> Config:
                   pca_components=r.integer("PCA_COMPONENTS"),
                   num_clusters=r.integer("NUM_CLUSTERS"),
                   embed_batch_size=r.integer("EMBED_BATCH_SIZE"),
-                  cluster_seed=r.integer("CLUSTER_SEED"))
+                  cluster_seed=r.integer("CLUSTER_SEED"),
+                  role_clusters=r.flag("ROLE_CLUSTERS"))
 
 
 def _checked(r: Reader) -> dict[str, Any]:
@@ -304,6 +307,7 @@ def _fitness_and_reflector(r: Reader, checked: dict[str, Any]) -> dict[str, Any]
         reflector_concurrency=r.integer("REFLECTOR_CONCURRENCY"),
         reflector_answer_max_chars=r.integer("REFLECTOR_ANSWER_MAX_CHARS"),
         local_reflector_step=r.number("LOCAL_REFLECTOR_STEP", 1e-6, MAX_LOGITS),
+        reflector_padding_evidence=r.flag("REFLECTOR_PADDING_EVIDENCE"),
     )
 
 

@@ -129,6 +129,15 @@ class Figure:
 def extract_figures(text: str) -> list[Figure]:
     """Every figure in `text`, skipping what only looks like one: bare years (2019),
     days of dates (January 28), list markers ("(1)", "2)") and "3M"."""
+    return [figure for _, figure in _placed_figures(text)]
+
+
+def figure_spans(text: str) -> list[tuple[int, int]]:
+    """Where in `text` each of `extract_figures`' figures stands: (start, end) character offsets."""
+    return [span for span, _ in _placed_figures(text)]
+
+
+def _placed_figures(text: str) -> list[tuple[tuple[int, int], Figure]]:
     figures = []
     for m in _FIGURE.finditer(text):
         digits = m["num"].replace(",", "")
@@ -146,8 +155,8 @@ def extract_figures(text: str) -> list[Figure]:
         value = float(digits) * (-1 if negative else 1)
         decimals = len(digits.partition(".")[2])
         text = m.group(0).strip() if bracketed else m.group(0).strip("() ")
-        figures.append(Figure(value, decimals, bool(m["pct"]), bool(m["cur"]),
-                              _SCALES.get(scale_word, 1.0), text))
+        figures.append((m.span(), Figure(value, decimals, bool(m["pct"]), bool(m["cur"]),
+                                         _SCALES.get(scale_word, 1.0), text)))
     return figures
 
 
@@ -296,18 +305,31 @@ class NumericJudge:
         return Verdict(implied == expected, f"gold is '{expected}'; the answer states no yes/no, "
                                             f"its first sentence implies '{implied}'")
 
-    def _figures(self, answer: str, gold: str, kind: GoldKind) -> Verdict:
-        wanted = extract_figures(gold)
+    def missing_figures(self, answer: str, gold: str) -> list[Figure]:
+        """The gold's figures that `answer` lacks, read as the judge reads them (none for a
+        yes/no or prose gold)."""
+        kind = gold_kind(gold.strip())
+        if kind not in ("figure", "figures_in_prose"):
+            return []
+        return self._missing(extract_figures(gold.strip()), self._found(answer.strip(), kind)[0])
+
+    def _found(self, answer: str, kind: GoldKind) -> tuple[list[Figure], str]:
         # A bare-figure gold asks for one result, which worked answers state last; a
         # sentence with several figures may be answered anywhere in the text.
         if kind == "figure":
-            found, where = conclusion_figures(answer)
-        else:
-            found, where = extract_figures(answer), "the answer"
+            return conclusion_figures(answer)
+        return extract_figures(answer), "the answer"
+
+    def _missing(self, wanted: list[Figure], found: list[Figure]) -> list[Figure]:
+        return [g for g in wanted if not any(figure_matches(a, g, self.tolerance) for a in found)]
+
+    def _figures(self, answer: str, gold: str, kind: GoldKind) -> Verdict:
+        wanted = extract_figures(gold)
+        found, where = self._found(answer, kind)
         if not found:
             return Verdict(False, f"gold {_show(wanted)}; the answer has no figure")
         rule = f"at the gold's precision or within {self.tolerance:.1%}"
-        missing = [g for g in wanted if not any(figure_matches(a, g, self.tolerance) for a in found)]
+        missing = self._missing(wanted, found)
         if missing:
             more = " ..." if len(found) > 8 else ""
             return Verdict(False, f"gold {_show(wanted)}: {_show(missing)} not among the figures of "

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from compressor_2.fitness import Record
+
+if TYPE_CHECKING:
+    from compressor_2.reflector.evidence import Evidence
 
 Message = dict[str, str]  # {"role": ..., "content": ...}
 
@@ -40,6 +43,7 @@ class MutationRequest:
     records: Sequence[Record]  # the individual's own training answers (or an issue batch)
     candidate: int | None = None  # the archive id of the individual mutated
     feedback: tuple[str, ...] = ()  # seed 003's memory of earlier proposals, shown after the answers
+    evidence: Evidence | None = None  # the stop oracle's, per record (CONFIG_REFLECTOR_PADDING_EVIDENCE)
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,7 @@ class VectorRequest:
     records: Sequence[Record]
     candidate: int | None = None
     feedback: tuple[str, ...] = ()
+    evidence: Evidence | None = None
 
 
 @dataclass(frozen=True)

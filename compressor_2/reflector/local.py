@@ -20,6 +20,20 @@ With answer phases (CONFIG_DELTA_PHASES > 1) the target is a (phase, cluster) pa
 "phase:cluster": the rules above read the cluster (EOS in every phase is a length knob),
 the lineage's memory is kept per pair, so two phases of one cluster learn apart.
 
+With the stop oracle's evidence (CONFIG_REFLECTOR_PADDING_EVIDENCE, reflector/evidence.py: where
+each answer could have stopped, the padding after it by phase and cluster, the gold figures an
+incorrect answer lacks), it is read first:
+
+- EOS in phase p goes down when an incorrect answer ended in phase p with fewer figures than
+  the gold, else up when answers could have stopped in phase p (their first padding token was
+  chosen there); when neither happened there, the rule above decides.
+- Any other (phase, cluster) pair, without a verdict of its lineage on it, goes down when it
+  carries a larger share of all the padding than of the tokens the answers keep; otherwise the
+  rules above decide. In full-vector mode a pair that carries padding outranks any share
+  difference.
+- A cluster whose tokens write a gold figure an incorrect answer lacks (numbers, mostly) is
+  never lowered, in any phase: the move turns up.
+
 Full-vector mode (CONFIG_MUTATION_SCOPE="vector") applies the same rule to EOS (in every
 phase) and the two other clusters with the strongest evidence at once, and returns its
 notes as the summary the driver appends to the scratchpad. As the selector (CONFIG_SELECTION="llm")
@@ -44,10 +58,11 @@ from typing import Any
 import numpy as np
 
 from compressor_2.clusters.tokens import AnswerTokens
-from compressor_2.deltas import clamp, split_gene
+from compressor_2.deltas import clamp, phase_count, split_gene
 from compressor_2.reflector.base import (
     MergeRequest, Message, MutationRequest, Reply, SelectionRequest, Usage, VectorRequest,
 )
+from compressor_2.reflector.evidence import Evidence, Reading
 
 EOS_CLUSTER = "0"
 MAX_NOTES = 40  # a lineage's scratchpad keeps its most recent notes
@@ -56,6 +71,10 @@ STEP_RANGE = (1 / 16, 8.0)  # the step stays within these multiples of the initi
 JITTER = (0.8, 1.25)
 VECTOR_MOVES = 3  # clusters a full-vector proposal moves: EOS and the two with the strongest evidence
 MEMORY_STRENGTH = 3.0  # a lineage's verdict on a move outweighs any share difference (those sum to at most 2)
+# A pair that carries more of the padding than of the kept tokens outweighs any share difference, not a
+# lineage's verdict.
+PADDING_STRENGTH = 2.0
+SHOWN_TOKENS = 4  # the stop tokens a note names
 
 _GENE = r"(\d+(?::\d+)?)"  # a cluster id, or with answer phases "phase:cluster"
 _MOVE = re.compile(rf"^g(\d+): moved cluster {_GENE} (up|down) from \S+ to \S+ \(step ([0-9.]+)\)"
@@ -173,7 +192,7 @@ class LocalProposer:
             notes.append(note)
         memory = _latest([o for o in parse_outcomes(lines + notes) if o.cluster == request.target])
 
-        direction, reason, _ = self._direction(request, memory)
+        direction, reason, _ = self._direction(request, memory, reading_of(request.evidence))
         rng = random.Random(f"{self.seed}/{request.generation}/{request.child}/{request.target}/{attempt}")
         current = request.deltas[request.target]
         new = self._next_value(current, direction, step * rng.uniform(*JITTER))
@@ -207,11 +226,13 @@ class LocalProposer:
             step = judged[0][0]
             notes += [note for _, note in judged]
         outcomes = parse_outcomes(lines + notes)
+        reading = reading_of(request.evidence)
         evidence = []
         for cid in request.deltas:
             single = MutationRequest(request.generation, request.child, cid, request.deltas, request.scratchpad,
                                      request.fitness, request.records)
-            direction, reason, strength = self._direction(single, _latest([o for o in outcomes if o.cluster == cid]))
+            direction, reason, strength = self._direction(single, _latest([o for o in outcomes if o.cluster == cid]),
+                                                          reading)
             evidence.append((cid, direction, reason, strength))
         ranked = sorted(evidence, key=lambda e: (not is_eos(e[0]), -e[3]))  # stable: cluster order on ties
         moved = VECTOR_MOVES + max(sum(map(is_eos, request.deltas)) - 1, 0)  # EOS of every other phase too
@@ -284,9 +305,28 @@ class LocalProposer:
             verdict = f"made no difference (fitness {now:.4f})"
         return step, f"g{request.generation}: moving cluster {move.cluster} {way} {verdict}."
 
-    def _direction(self, request: MutationRequest, memory: Outcome | None) -> tuple[int, str, float]:
+    def _direction(self, request: MutationRequest, memory: Outcome | None,
+                   reading: Reading | None = None) -> tuple[int, str, float]:
         """(direction, reason, strength of the evidence): EOS and a lineage's memory are the
-        strongest, a probe of an unseen cluster the weakest."""
+        strongest, a probe of an unseen cluster the weakest. With the stop oracle's evidence
+        (`reading`) it is read first: EOS by phase, the padding's pairs before the shares,
+        and a cluster that writes missing gold figures is never lowered."""
+        found = None
+        if reading is not None:
+            phased = phase_count(request.deltas) > 1
+            if is_eos(request.target):
+                found = eos_direction(request.target, reading, phased)
+            elif memory is None or memory.verdict == "made no difference":
+                found = padding_direction(request.target, reading)
+        direction, reason, strength = found or self._without_evidence(request, memory)
+        needed = reading.needed[split_gene(request.target)[1]] if reading is not None else 0
+        if direction < 0 and needed:
+            return 1, (f"its tokens write gold figures that {needed} incorrect answer(s) lack, so it is not "
+                       "lowered"), 0.0
+        return direction, reason, strength
+
+    def _without_evidence(self, request: MutationRequest, memory: Outcome | None) -> tuple[int, str, float]:
+        """The rules that read the answers alone (the module docstring)."""
         records = request.records
         correct = np.array([r.is_correct for r in records], dtype=bool)
         tokens = np.array([r.tokens for r in records], dtype=float)
@@ -323,6 +363,38 @@ class LocalProposer:
 
     def _next_value(self, current: float, direction: int, step: float) -> float:
         return round(clamp(current + direction * step), 4)
+
+
+def reading_of(evidence: Evidence | None) -> Reading | None:
+    return Reading.of(evidence) if evidence is not None else None
+
+
+def eos_direction(target: str, reading: Reading, phased: bool) -> tuple[int, str, float] | None:
+    """EOS in the target's phase: down when an incorrect answer ended there with fewer figures
+    than the gold (one answer cut short costs more than a few tokens), else up when answers
+    could have stopped there; None when neither happened in that phase."""
+    phase = split_gene(target)[0]
+    stops, short = reading.stops[phase], reading.cut_short[phase]
+    where = f" in phase {phase}" if phased else ""
+    if short:
+        return -1, (f"{short} incorrect answer(s) ended{where} with fewer figures than the gold "
+                    f"({stops} could have stopped there)"), math.inf
+    if stops:
+        seen = ", ".join(list(dict.fromkeys(reading.stop_tokens[phase]))[:SHOWN_TOKENS])
+        return 1, (f"{stops} answer(s) could have stopped{where} (where they generated {seen}) and no incorrect one "
+                   "ended there with fewer figures than the gold"), math.inf
+    return None
+
+
+def padding_direction(target: str, reading: Reading) -> tuple[int, str, float] | None:
+    """A (phase, cluster) pair down when it carries a larger share of the padding (the tokens
+    after the points where answers could have stopped) than of the tokens answers keep; None
+    otherwise: the evidence says nothing of a raise."""
+    pad, kept = reading.share(target)
+    if pad <= kept:
+        return None
+    return -1, (f"it carries {_percent(pad)} of the padding after the points where answers could have stopped and "
+                f"{_percent(kept)} of the tokens they keep"), PADDING_STRENGTH + pad - kept
 
 
 def _distance(a: Mapping[str, float], b: Mapping[str, float]) -> float:

@@ -10,11 +10,13 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from compressor_2.clusters.roles import cluster_count
 from compressor_2.deltas import phase_count, split_gene
 from compressor_2.fitness import Record
 from compressor_2.reflector.base import (
     MergeRequest, Message, MutationRequest, PopulationMember, SelectionRequest, VectorRequest,
 )
+from compressor_2.reflector.evidence import Evidence, evidence_lines
 from compressor_2.reflector.limits import keep_first
 
 if TYPE_CHECKING:
@@ -129,6 +131,19 @@ PHASES = {
         "- phase 2: from the first line break after the first figure on"),
 }
 
+# With the stop oracle's evidence (CONFIG_REFLECTOR_PADDING_EVIDENCE), before the first example of
+# the mutation and full-vector prompts; each example's evidence stands on the lines "stop:" and
+# "missing gold figures:" before its answer. Without it the prompts are the seeds' verbatim.
+PADDING_NOTE = """\
+Where each response could have stopped: "stop:" names the token count after which the judge \
+already accepts the response, the token it generated there instead of ending{phase}, and the \
+padding after it by cluster (tokens per cluster). "missing gold figures:" lists the gold figures an \
+incorrect response lacks and the clusters of their digits: lowering those clusters would cost \
+correctness.
+
+"""
+PADDING_PHASE = " (and the phase it was generated in: that phase's EOS delta decides)"
+
 SELECTION_SYSTEM = (
     "You select which candidates of a genetic algorithm carry forward. Each candidate is a vector of "
     "per-cluster logit steering deltas that makes a language model answer questions about financial "
@@ -236,20 +251,25 @@ def show_scratchpad(scratchpad: str) -> str:
     return scratchpad if scratchpad.strip() else EMPTY_SCRATCHPAD
 
 
-def responses_block(records: Sequence[Record], answer_max_chars: int) -> str:
-    """Every training example: id, correct yes/no, tokens, the judge's explanation and the
-    answer, capped at `answer_max_chars` characters."""
+def responses_block(records: Sequence[Record], answer_max_chars: int, evidence: Evidence | None = None,
+                    phases: int = 1) -> str:
+    """Every training example: id, correct yes/no, tokens, the judge's explanation, with the
+    stop oracle's `evidence` where it stops and what it lacks, and the answer, capped at
+    `answer_max_chars` characters."""
     blocks = []
     for n, record in enumerate(records, 1):
         answer = keep_first(record.answer, answer_max_chars)
+        found = "".join(f"{line}\n" for line in evidence_lines(evidence[n - 1], phases)) if evidence else ""
         blocks.append(
             f"### Example {n} of {len(records)}: id {record.id}\n"
             f"correct: {'yes' if record.is_correct else 'no'}\n"
             f"tokens: {record.tokens}\n"
             f"explanation: {record.reasoning}\n"
+            f"{found}"
             f"answer:\n{answer}"
         )
-    return "\n\n".join(blocks)
+    note = substitute(PADDING_NOTE, {"phase": PADDING_PHASE if phases > 1 else ""}) if evidence else ""
+    return note + "\n\n".join(blocks)
 
 
 def feedback_block(feedback: Sequence[str]) -> str:
@@ -287,7 +307,8 @@ def mutation_messages(request: MutationRequest, descriptions: Mapping[str, Any],
         "current_deltas_json": deltas_json(request.deltas, indent=2),
         "current_scratchpad": show_scratchpad(request.scratchpad),
         "target_cluster_id": request.target,
-        "all_responses_with_correctness": responses_block(request.records, answer_max_chars)
+        "all_responses_with_correctness": responses_block(request.records, answer_max_chars, request.evidence,
+                                                          phase_count(request.deltas))
         + feedback_block(request.feedback),
     })
     return [{"role": "system", "content": MUTATION_SYSTEM}, {"role": "user", "content": user}]
@@ -299,7 +320,8 @@ def vector_messages(request: VectorRequest, descriptions: Mapping[str, Any],
         "cluster_descriptions_json": descriptions_block(descriptions, request.deltas),
         "current_deltas_json": deltas_json(request.deltas, indent=2),
         "cot_summary": request.scratchpad if request.scratchpad.strip() else FIRST_SUMMARY,
-        "all_responses_with_correctness": responses_block(request.records, answer_max_chars)
+        "all_responses_with_correctness": responses_block(request.records, answer_max_chars, request.evidence,
+                                                          phase_count(request.deltas))
         + feedback_block(request.feedback),
     })
     return [{"role": "system", "content": VECTOR_SYSTEM}, {"role": "user", "content": user}]
@@ -353,5 +375,5 @@ def estimated_call_tokens(config: Config, n_examples: int) -> float:
     example's block with an answer of max_new_tokens (capped as the prompt caps it)."""
     answer_chars = min(config.reflector_answer_max_chars, CHARS_PER_TOKEN * config.max_new_tokens)
     chars = (len(MUTATION_SYSTEM) + len(MUTATION_USER) + SCRATCHPAD_CHARS
-             + (config.num_clusters + 2) * DESCRIPTION_CHARS + n_examples * (200 + answer_chars))
+             + cluster_count(config) * DESCRIPTION_CHARS + n_examples * (200 + answer_chars))
     return chars / CHARS_PER_TOKEN + REPLY_TOKENS

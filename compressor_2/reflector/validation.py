@@ -26,13 +26,14 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from compressor_2.archive import CallRecord
 from compressor_2.common import ReflectorUnavailable, as_float, loads_or_reason, shown
 from compressor_2.deltas import clamp
+from compressor_2.fitness import Record
 from compressor_2.reflector import limits
 from compressor_2.reflector.base import (
     Abandoned,
@@ -58,6 +59,9 @@ from compressor_2.reflector.prompts import (
     selection_messages,
     vector_messages,
 )
+
+if TYPE_CHECKING:
+    from compressor_2.reflector.evidence import Evidence
 
 T = TypeVar("T")
 
@@ -180,8 +184,10 @@ class ValidatingReflector:
 
     def __init__(self, proposer: Proposer, descriptions: Mapping[str, Any], answer_max_chars: int,
                  log: PromptLog | None = None, recorder: Callable[[CallRecord], None] | None = None,
-                 max_consecutive_failures: int = 0) -> None:
+                 max_consecutive_failures: int = 0,
+                 evidence: Callable[[Sequence[Record]], Evidence] | None = None) -> None:
         self.proposer = proposer
+        self.evidence = evidence  # the stop oracle's evidence of a request's answers, when the run reads it
         self.max_consecutive_failures = max_consecutive_failures  # 0: never stop
         self._failures = 0
         self._stopped: str | None = None  # why the run stops, once too many calls failed
@@ -198,6 +204,8 @@ class ValidatingReflector:
         self._tickets = itertools.count()
 
     def mutate(self, request: MutationRequest) -> MutationResult:
+        if self.evidence is not None and request.evidence is None:
+            request = replace(request, evidence=self.evidence(request.records))
         messages = mutation_messages(request, self.descriptions, self.answer_max_chars)
         call = Call("mutation", request.generation, request.child, {"target_cluster": request.target},
                     request.candidate)
@@ -209,6 +217,8 @@ class ValidatingReflector:
         return MutationResult(parsed[0], parsed[1], attempts, usage, rejected)
 
     def mutate_vector(self, request: VectorRequest) -> VectorResult:
+        if self.evidence is not None and request.evidence is None:
+            request = replace(request, evidence=self.evidence(request.records))
         messages = vector_messages(request, self.descriptions, self.answer_max_chars)
         call = Call("vector_mutation", request.generation, request.child, {}, request.candidate)
         parsed, attempts, usage, rejected = self._attempts(

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from deap import cma
 
+from compressor_2.clusters.roles import cluster_count
 from compressor_2.config import MAX_LOGITS, Config, Reader, require
 from compressor_2.deltas import clamp_rows, to_list
 from compressor_2.resume import STEPS, FieldError, Option, RunFiles, compared, fields
@@ -57,7 +58,7 @@ def read_options(r: Reader) -> CmaesOptions:
 
 
 def estimate(config: Config, n_examples: int) -> Cost:
-    dimension = (config.num_clusters + 2) * config.delta_phases  # k-means clusters, EOS and numbers, per phase
+    dimension = cluster_count(config) * config.delta_phases  # every cluster, per phase
     return Cost("generation", n_examples, population_size(options_of(config, "cmaes"), dimension) * n_examples, 0.0)
 
 

@@ -1,4 +1,5 @@
-"""What a run gained, outside any loop: `standing`, `Checks`, `Claims`, their confidence, simpler tools, six arms."""
+"""What a run gained, outside any loop: `standing`, `Checks`, `Claims`, their confidence, simpler tools, six arms,
+the stop oracle."""
 
 from compressor_2.verdict.arms import arm_results, arms_lines
 from compressor_2.verdict.checks import (
@@ -16,9 +17,11 @@ from compressor_2.verdict.simpler import (
     tool_rows,
     verdict as tools_verdict,
 )
+from compressor_2.verdict.stop_oracle import Oracle, Summary, share_reached, stop_oracle, summarise, summary_text
 
-__all__ = ["BASELINE_ID", "HELDOUT", "LEVEL", "TRAINING", "Arm", "Checks", "Claims", "Measured", "Paired", "Point",
-           "Standing", "affordable", "affordable_bound", "arm_results", "arms_lines", "ci", "correctness_claim",
-           "does_as_well", "measured", "other_side_examples", "p_text", "pareto_front", "points_claim", "read_record",
-           "refuse_emptied_heldout", "refuse_lost", "simpler_options", "standing", "tokens_change", "tokens_claim", "tool_rows", "tools_verdict",
-           "verdict"]
+__all__ = ["BASELINE_ID", "HELDOUT", "LEVEL", "TRAINING", "Arm", "Checks", "Claims", "Measured", "Oracle", "Paired",
+           "Point", "Standing", "Summary", "affordable", "affordable_bound", "arm_results", "arms_lines", "ci",
+           "correctness_claim", "does_as_well", "measured", "other_side_examples", "p_text", "pareto_front",
+           "points_claim", "read_record", "refuse_emptied_heldout", "refuse_lost", "share_reached", "simpler_options",
+           "standing", "stop_oracle", "summarise", "summary_text", "tokens_change", "tokens_claim", "tool_rows",
+           "tools_verdict", "verdict"]

@@ -40,6 +40,7 @@ from compressor_2.verdict.claims import HELDOUT, TRAINING, Arm, Claims
 from compressor_2.verdict.confidence import Paired, correctness_claim, tokens_claim
 from compressor_2.verdict.front import Point, pareto_front
 from compressor_2.verdict.simpler import TOOLS_META, Measuring, Record, Simpler, Tools, read_record, simpler_line, tools
+from compressor_2.verdict.stop_oracle import Oracle, oracle_lines
 
 BASELINE_ID = 0  # the baseline's Point id when no candidate is the all-zero genome
 
@@ -193,12 +194,15 @@ def heldout_line(g: Gain, claim: Paired, instructed: bool = False) -> str:
 
 class Checks(Measuring):
     """The baseline, the held-out check and the answers lost; `simpler`: the simpler
-    tools to measure after the search."""
+    tools to measure after the search; `oracle`: what the stop oracle of the held-out
+    answers needs (verdict/stop_oracle.py)."""
 
     def __init__(self, evaluator: Evaluator, archive: RunArchive, pool: Sequence[Example],
-                 heldout: Sequence[Example], n_clusters: int, simpler: Simpler | None = None) -> None:
+                 heldout: Sequence[Example], n_clusters: int, simpler: Simpler | None = None,
+                 oracle: Oracle | None = None) -> None:
         super().__init__(evaluator, archive, pool, heldout, n_clusters)
         self.simpler = simpler
+        self.oracle = oracle
 
     def restore_lost(self) -> None:
         """The answers the outputs read that the archive lost (`lost_answers`), made again
@@ -256,8 +260,9 @@ class Checks(Measuring):
 
     def closing_lines(self, checked: int) -> list[str]:
         """What the run ends with: the held-out check's accounting and its line (when it
-        checked `checked` genomes), then, when the simpler tools were measured, the six arms'
-        lines (with an instruction) and the simpler tools' line."""
+        checked `checked` genomes) and the stop oracle's of its baseline and best, then, when
+        the simpler tools were measured, the six arms' lines (with an instruction) and the
+        simpler tools' line."""
         now = standing(self.archive)
         if now.best is None or now.zeros is None:
             return []
@@ -269,6 +274,8 @@ class Checks(Measuring):
             g, claim = now.gain, claims.paired(Arm(now.zeros), Arm(best), HELDOUT)
             if g is not None and claim is not None:
                 lines.append(heldout_line(g, claim, self.simpler is not None and self.simpler.in_search))
+            if self.oracle is not None:
+                lines += oracle_lines(claims, self.oracle, now.zeros, best)
         record = read_record(self.archive) if self.simpler is not None else None
         if record is None:
             return lines
