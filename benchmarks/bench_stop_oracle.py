@@ -74,6 +74,7 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--role-deltas", default="-2,2", help="the hand-set deltas tried on each role (--roles)")
     parser.add_argument("--instructed", action="store_true",
                         help="--roles on the instructed prompt (CONFIG_INSTRUCTION_IN_SEARCH=y)")
+    parser.add_argument("--skip", default="", help="arms --roles leaves out, by name: 'markup +2,sentence ends -2'")
     parser.add_argument("--json", type=Path, default=None, help="write the table as JSON here")
     return parser.parse_args(argv)
 
@@ -116,7 +117,8 @@ def plan(args: argparse.Namespace) -> list[ArmSpec]:
     if EOS_REFERENCE not in {float(v) for v in args.role_deltas.split(",")}:
         arms.append(ArmSpec(f"{prompt}: EOS {EOS_REFERENCE:+g}", roles, {"0": EOS_REFERENCE},
                             key=slug(f"{prefix}EOS {EOS_REFERENCE:+g}")))
-    return arms
+    skipped = {f"{prompt}: {name.strip()}" for name in args.skip.split(",") if name.strip()}
+    return [arm for arm in arms if arm.name not in skipped]
 
 
 def seed_embeddings(base: Config, roles: Config) -> None:

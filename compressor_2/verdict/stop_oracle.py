@@ -88,7 +88,7 @@ def cut_answer(example: Example, answer: Answer, tokens: AnswerTokens, judge: Ju
     # Counted off the engine's count: what the retokenised answer loses after the prefix, and
     # an end token where the answer had none (the token limit cut it).
     removed = len(ids) - accepted
-    kept = min(answer.tokens, answer.tokens - removed + (answer.tokens <= len(ids)))
+    kept = min(answer.tokens, answer.tokens - removed + int(answer.tokens <= len(ids)))
     return Cut(answer.tokens, kept, True, answer.is_correct, tuple(ids[accepted:]), places(prefixes, accepted))
 
 
