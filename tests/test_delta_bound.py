@@ -28,7 +28,9 @@ from tests.cluster_helpers import cluster_config
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Config:
     folder = tmp_path_factory.mktemp("bound")
-    config = cluster_config(folder, tiny_model_dir, OUTPUT_DIR=str(folder / "run"))
+    # Answers short enough for the tiny model's context: the deltas are what is refused.
+    config = cluster_config(folder, tiny_model_dir, OUTPUT_DIR=str(folder / "run"), MAX_NEW_TOKENS=8,
+                            EVIDENCE_MAX_CHARS=1)
     build_clusters(config)
     return config
 
@@ -62,7 +64,7 @@ def test_initial_deltas_beyond_the_bound_are_refused_before_the_run_starts(built
     path = _deltas_file(tmp_path / "initial.json", built, "0", -1e6)
     folder = built.cluster_dir.parent
     cluster_config(folder, tiny_model_dir, name="bad_initial.config", INITIAL_DELTAS_PATH=str(path),
-                   OUTPUT_DIR=str(tmp_path / "run"))
+                   OUTPUT_DIR=str(tmp_path / "run"), MAX_NEW_TOKENS=8, EVIDENCE_MAX_CHARS=1)
     assert main(["evolve", "--config", str(folder / "bad_initial.config")]) == 2
     line = _one_line(capsys)
     assert str(path) in line and "cluster 0" in line and "-1e+06" in line

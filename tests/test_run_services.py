@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -129,9 +130,14 @@ def test_a_second_evolve_on_a_busy_directory_refuses_at_once(tmp_path, shared, t
     else:
         raise AssertionError(f"the first run ended before it started evolving: {log.read_text()}")
     assert (out / "run.lock").read_text().strip() == str(first.pid)
-    second = subprocess.run([sys.executable, "-m", "compressor_2", "evolve", "--config", str(config_path)],
-                            cwd=REPO, capture_output=True, text=True, timeout=120)
-    still_running = first.poll() is None
+    # Paused while the second one runs, so the first cannot finish first however fast it is.
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        second = subprocess.run([sys.executable, "-m", "compressor_2", "evolve", "--config", str(config_path)],
+                                cwd=REPO, capture_output=True, text=True, timeout=120)
+        still_running = first.poll() is None
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
     first.communicate(timeout=300)
     assert first.returncode == 0, log.read_text()
     assert still_running, "the first run ended before the second started: the test proved nothing"
