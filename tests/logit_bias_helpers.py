@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -60,3 +62,29 @@ def logged(log: Path) -> list[dict[str, Any]]:
         return []
     return [entry["body"] for line in log.read_text().splitlines()
             if (entry := json.loads(line))["path"] == "/v1/completions"]
+
+
+def interrupted_evolve(config: Path, started: Callable[[], bool], guard: float = 600.0) -> str:
+    """`python -m compressor_2 evolve` on `config` in a process of its own, SIGINT sent once
+    `started()` holds (polled: what it waits for is the run's progress, never a clock), with
+    Python's own SIGINT handler (a suite started in the background inherits an ignored one);
+    returns its stderr. It must stop as a Ctrl+C stops it: exit 130."""
+    code = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "from compressor_2.cli import main; sys.exit(main(sys.argv[1:]))")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    process = subprocess.Popen([sys.executable, "-c", code, "evolve", "--config", str(config)], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + guard
+        while not started():
+            assert process.poll() is None, f"evolve ended before it was interrupted: {process.stderr.read()}"
+            assert time.monotonic() < deadline, "evolve never reached the point to interrupt"
+            time.sleep(0.05)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=guard)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 130, err
+    return err
