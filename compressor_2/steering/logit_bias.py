@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from compressor_2.clusters.clusterset import ClusterSet, cluster_map_digest
-from compressor_2.common import ConfigError, atomic_write_json, check_readable_file, shown
+from compressor_2.common import ConfigError, atomic_write_text, check_readable_file, shown
 from compressor_2.deltas import (
     check_fingerprint,
     fingerprint_path,
@@ -37,13 +37,22 @@ PHASES_REFUSAL = ("holds deltas by answer phase ({count} phases), and a logit_bi
 
 def logit_bias(deltas: Sequence[float], token_clusters: np.ndarray) -> dict[str, float]:
     """{str(token id): bias} for every steered token whose cluster's delta is not 0, in
-    token order. `deltas`: one per cluster, in canonical order."""
-    values = np.asarray(deltas, dtype=np.float64)
+    token order. `deltas`: one per cluster, in canonical order. The biases are the deltas
+    in float32, the precision the engines add them to the logits in."""
+    values = np.asarray(deltas, dtype=np.float32)
     token_clusters = np.asarray(token_clusters)
     steered = np.flatnonzero(token_clusters >= 0)
     biases = values[token_clusters[steered]]
     keep = biases != 0
     return dict(zip(map(str, steered[keep].tolist()), biases[keep].tolist()))
+
+
+def bias_json(bias: Mapping[str, float]) -> str:
+    """The map as compact JSON, each bias in the fewest digits that read back as the same
+    float32 (about half the bytes of a float64's): a server parsing it to float32 adds
+    exactly the bias the transformers engine adds."""
+    values = np.asarray(list(bias.values()), dtype=np.float32).astype(str).tolist()
+    return "{" + ",".join(f'"{key}":{value}' for key, value in zip(bias, values)) + "}"
 
 
 def touched(deltas: Sequence[float], token_clusters: np.ndarray) -> int:
@@ -64,7 +73,7 @@ def refuse_phases(deltas: Mapping[str, object], source: str) -> None:
 def write_logit_bias(path: Path, bias: Mapping[str, float], digest: str) -> None:
     """The map as a JSON object, and beside it the cluster map's digest in the sidecar that
     deltas files have (`<stem>.clusters.json`), written last: a map without one is unchecked."""
-    atomic_write_json(path, dict(bias))
+    atomic_write_text(path, bias_json(bias) + "\n")
     write_fingerprint(path, digest)
 
 
@@ -110,6 +119,6 @@ def export_logit_bias(clusters: ClusterSet, deltas_path: Path, out: Path, force:
     deltas = to_list(load_deltas(deltas_path, clusters.cluster_ids))
     bias = logit_bias(deltas, clusters.token_clusters)
     write_logit_bias(out, bias, digest)
-    size = len(json.dumps(bias, separators=(",", ":")))
-    return (f"wrote {out}: {len(bias):,} of {len(clusters.token_clusters):,} tokens biased ({size / 1024:.0f} kB as "
-            f"compact JSON), the cluster map's digest in {fingerprint_path(out).name}")
+    size = len(bias_json(bias))
+    return (f"wrote {out}: {len(bias):,} of {len(clusters.token_clusters):,} tokens biased ({size:,} bytes of JSON), "
+            f"the cluster map's digest in {fingerprint_path(out).name}")

@@ -47,7 +47,7 @@ from compressor_2.engines.logit_bias.server import (
     served_model,
 )
 from compressor_2.pretrained import load_tokenizer
-from compressor_2.steering.logit_bias import PHASES_REFUSAL, logit_bias
+from compressor_2.steering.logit_bias import PHASES_REFUSAL, bias_json, logit_bias
 
 if TYPE_CHECKING:
     from compressor_2.clusters.build import ClusterSet
@@ -194,7 +194,7 @@ class LogitBiasEngine:
         if text is None:
             if len(self._maps) >= 4096:  # a long run's vectors: keep the memory bounded
                 self._maps.clear()
-            text = self._maps[deltas] = json.dumps(logit_bias(deltas, self.token_clusters), separators=(",", ":"))
+            text = self._maps[deltas] = bias_json(logit_bias(deltas, self.token_clusters))
         return text
 
     def _body(self, prompt: ChatPrompt, bias: str | None, **sampling: Any) -> bytes:
