@@ -67,9 +67,11 @@ WARN_RATIO = 1.1
 REFUSE_RATIO = 2.0
 MIN_COMPARED = 20  # tokens below which a call's counts are not compared
 # Every sampling field a server may default otherwise, stated: llama-cpp-python's server
-# defaults to repeat_penalty 1.1, top_k 40 and min_p 0.05; vLLM and SGLang name the
-# penalty repetition_penalty. Unknown fields are ignored by each of them.
-STATED = {"n": 1, "stream": False, "echo": False, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
+# defaults to repeat_penalty 1.1 and min_p 0.05; vLLM and SGLang name the penalty
+# repetition_penalty. Unknown fields are ignored by each of them. top_k is left to the
+# server: no value means "all tokens" on all of them (llama.cpp refuses -1, older vLLM 0),
+# and greedy decoding never reads it.
+STATED = {"n": 1, "stream": False, "echo": False, "top_p": 1.0, "min_p": 0.0,
           "frequency_penalty": 0.0, "presence_penalty": 0.0, "repeat_penalty": 1.0, "repetition_penalty": 1.0}
 
 
