@@ -18,7 +18,7 @@ from compressor_2.clusters.clusterset import cluster_map_digest, load_cluster_se
 from compressor_2.common.errors import ConfigError
 from compressor_2.config import load_config
 from compressor_2.deltas import fingerprint_path, to_list
-from compressor_2.steering.logit_bias import export_logit_bias, logit_bias, read_logit_bias
+from compressor_2.steering.logit_bias import export_logit_bias, logit_bias, read_logit_bias, refuse_phases
 from tests.logit_bias_helpers import interrupted_evolve, logit_bias_server
 from tests.test_evolution_support import config_for, read_json, write_config
 from tests.test_gain import POINTS, hand_built
@@ -92,6 +92,8 @@ def test_deltas_by_answer_phase_are_refused_before_anything_is_written(work, sha
         f"deltas file '{phased}' holds deltas by answer phase (2 phases), and a logit_bias map is static: it cannot "
         "change with the answer's phase. Export a one-phase run's candidate (CONFIG_DELTA_PHASES=1)")
     assert not (tmp_path / "logit_bias_phased.json").exists()
+    with pytest.raises(ConfigError, match=r"^candidate #7 holds deltas by answer phase \(2 phases\), and a logit_bias"):
+        refuse_phases({f"{phase}:{cid}": 0.5 for phase in (0, 1) for cid in ids}, "candidate #7")
 
 
 def test_evaluate_and_an_evolve_stopped_by_ctrl_c_then_resumed(work, shared, tiny_model_dir, url, tmp_path, capsys):

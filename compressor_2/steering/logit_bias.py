@@ -63,11 +63,16 @@ def touched(deltas: Sequence[float], token_clusters: np.ndarray) -> int:
 
 
 def refuse_phases(deltas: Mapping[str, object], source: str) -> None:
-    """One line when `deltas` hold several phases (a "phases" key): no map expresses them."""
+    """One line when `deltas` hold several phases: a file's "phases" key, or a genome's
+    "phase:cluster" ids. No map expresses them."""
     if PHASES_KEY in deltas:
         phases = deltas[PHASES_KEY]
-        count = len(phases) if isinstance(phases, list) else shown(phases)
-        raise ConfigError(f"{source} " + PHASES_REFUSAL.format(count=count))
+        count: object = len(phases) if isinstance(phases, list) else shown(phases)
+    else:
+        count = len({key.split(":", 1)[0] for key in deltas if ":" in key})
+        if not count:
+            return
+    raise ConfigError(f"{source} " + PHASES_REFUSAL.format(count=count))
 
 
 def write_logit_bias(path: Path, bias: Mapping[str, float], digest: str) -> None:
