@@ -411,7 +411,8 @@ def served_answers(venv: Path, gguf: Path, clusters: ClusterSet, tokenizer: Any,
                     break
             except httpx.TransportError:
                 time.sleep(0.5)
-        engine = LogitBiasEngine(url, clusters, tokenizer, temperature=0.0, max_new_tokens=64, concurrency=2, request_timeout=3600, model_path=str(gguf))
+        engine = LogitBiasEngine(url, clusters, tokenizer, temperature=0.0, max_new_tokens=64, concurrency=2,
+                                 request_timeout=3600, model_path=str(gguf))
         engine.prepare({})
         before = cpu_seconds(server.pid)
         answers, timing = timed(lambda: engine.generate(requests))

@@ -154,10 +154,10 @@ def test_the_exported_map_in_a_plain_request_gives_the_engines_answer(answers, c
 
 
 def test_evaluate_and_an_evolve_stopped_by_ctrl_c_then_resumed(smollm2, served, server_log, tmp_path, capsys):
-    """Four questions, 16 new tokens, two genomes a generation: the run's own clusters built
+    """The three test questions, 16 new tokens, two genomes a generation: the run's own clusters built
     for SmolLM2 (about two minutes of CPU, most of it embedding its vocabulary)."""
     settings = dict(ENGINE_LOGIT_BIAS="y", LOGIT_BIAS_URL=f'"{served}"', TRANSFORMERS_DEVICE=None,
-                    MAX_NEW_TOKENS="16", FINANCEBENCH_POOL_INDICES='"0-3"', POPULATION_SIZE="2", NGEN="1",
+                    MAX_NEW_TOKENS="16", FINANCEBENCH_POOL_INDICES='"all"', POPULATION_SIZE="2", NGEN="1",
                     EVAL_CONCURRENCY="2", NUM_CLUSTERS="4")
     configs = {}
     for leg in ("whole", "resumed"):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 from pathlib import Path
 
 import httpx
@@ -14,6 +16,7 @@ import pytest
 import torch
 
 from compressor_2.clusters.clusterset import ClusterSet
+from compressor_2.common import stop_on_first_signal
 from compressor_2.common.errors import ConfigError, RunError
 from compressor_2.engines.base import GenerationRequest
 from compressor_2.engines.chat import chat_prompt
@@ -172,3 +175,21 @@ def test_a_400_names_the_request_and_the_servers_message(engine):
 def test_deltas_by_answer_phase_are_refused_in_one_line(engine):
     with pytest.raises(ConfigError, match="a logit_bias map is static: it cannot change with the answer's phase"):
         engine.generate([GenerationRequest(PROMPTS[0], ZEROS * 2)])
+
+
+def test_a_ctrl_c_inside_a_requests_task_stops_the_call_without_a_traceback(engine, caplog):
+    """The first answer's progress callback runs inside that request's task: a SIGINT sent
+    there raises KeyboardInterrupt in the task, as a Ctrl+C during a reply's parsing does."""
+    def interrupt(count: int) -> None:
+        del count
+        os.kill(os.getpid(), signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # a background suite ignores SIGINT
+    try:
+        with stop_on_first_signal(), caplog.at_level(logging.ERROR, logger="asyncio"):
+            with pytest.raises(KeyboardInterrupt):
+                engine.generate(requests(ZEROS), progress=interrupt)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert not [r for r in caplog.records if r.name == "asyncio"], caplog.text
+    assert len(engine.generate(requests(ZEROS))) == len(PROMPTS)

@@ -98,7 +98,8 @@ def read_logit_bias(path: Path, digest: str, vocab: int) -> dict[str, float]:
     if not isinstance(raw, dict):
         raise ConfigError(f"logit_bias file '{path}' must hold a JSON object {{token id: bias}}")
     for key, value in raw.items():
-        if not (key.isdigit() and int(key) < vocab) or isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+        number = isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value)
+        if not (key.isdigit() and int(key) < vocab and number):
             raise ConfigError(f"logit_bias file '{path}': {shown(key)}: {shown(value)} is not a token id below "
                               f"{vocab} with a finite bias")
     return {key: float(value) for key, value in raw.items()}

@@ -93,6 +93,13 @@ def _message(response: httpx.Response) -> str:
     return text if len(text) <= 300 else text[:300] + "..."
 
 
+def _quiet_on_stop(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """A Ctrl+C that lands while a request's task runs stops the run, which the CLI reports
+    in one line: asyncio would print that task's traceback as it shuts down."""
+    if not isinstance(context.get("exception"), KeyboardInterrupt):
+        loop.default_exception_handler(context)
+
+
 @dataclass(frozen=True)
 class _Answer:
     generation: Generation
@@ -251,7 +258,9 @@ class LogitBiasEngine:
         for label, prompt in zip(labels, prompts):
             self._check_prompt(label, prompt)
         bodies = [self._body(prompt, self._map(request.deltas)) for prompt, request in zip(prompts, requests)]
-        answers = asyncio.run(self._send_all(bodies, labels, prompts, progress))
+        with asyncio.Runner() as runner:
+            runner.get_loop().set_exception_handler(_quiet_on_stop)
+            answers = runner.run(self._send_all(bodies, labels, prompts, progress))
         self._check_counts(answers)
         return [answer.generation for answer in answers]
 
