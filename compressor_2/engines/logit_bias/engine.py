@@ -293,7 +293,10 @@ class LogitBiasEngine:
                 if progress is not None:
                     progress(1)
 
-            tasks = [asyncio.create_task(one(i)) for i in range(len(bodies))]
+            # The same prompt's requests one after another: a server that keeps the previous
+            # prompt's keys and values (llama-cpp-python) or caches prefixes prefills it once.
+            order = sorted(range(len(bodies)), key=lambda i: prompts[i].ids)
+            tasks = [asyncio.create_task(one(i)) for i in order]
             try:
                 await asyncio.gather(*tasks)
             except BaseException:
