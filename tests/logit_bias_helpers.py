@@ -80,8 +80,16 @@ def interrupted_evolve(config: Path, started: Callable[[], bool], guard: float =
             assert process.poll() is None, f"evolve ended before it was interrupted: {process.stderr.read()}"
             assert time.monotonic() < deadline, "evolve never reached the point to interrupt"
             time.sleep(0.05)
-        process.send_signal(signal.SIGINT)
-        _, err = process.communicate(timeout=guard)
+        # Sent again until the process ends: one that lands in a window where the run ignores
+        # signals (its state save) is lost, and every one after the first that lands is
+        # ignored by design.
+        while True:
+            process.send_signal(signal.SIGINT)
+            try:
+                _, err = process.communicate(timeout=5)
+                break
+            except subprocess.TimeoutExpired:
+                assert time.monotonic() < deadline, "evolve did not stop on SIGINT"
     finally:
         if process.poll() is None:
             process.kill()
