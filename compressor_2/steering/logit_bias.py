@@ -49,8 +49,8 @@ def logit_bias(deltas: Sequence[float], token_clusters: np.ndarray) -> dict[str,
 
 def bias_json(bias: Mapping[str, float]) -> str:
     """The map as compact JSON, each bias in the fewest digits that read back as the same
-    float32 (about half the bytes of a float64's): a server parsing it to float32 adds
-    exactly the bias the transformers engine adds."""
+    float32 (a dense map takes about 70% of the bytes it takes with float64 digits): a
+    server parsing it to float32 adds exactly the bias the transformers engine adds."""
     values = np.asarray(list(bias.values()), dtype=np.float32).astype(str).tolist()
     return "{" + ",".join(f'"{key}":{value}' for key, value in zip(bias, values)) + "}"
 
