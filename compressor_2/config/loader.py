@@ -21,7 +21,7 @@ from compressor_2.config.indices import INDICES, check_each_once
 from compressor_2.config.kconfig import MAX_LOGITS, Reader, interval, read_config, require
 from compressor_2.config.sglang import check_addresses
 
-EngineName = Literal["transformers", "sglang"]
+EngineName = Literal["transformers", "sglang", "logit_bias"]
 SGLangApi = Literal["auto", "generate", "completions"]
 SGLANG_APIS = ("auto", "generate", "completions")
 JudgeName = Literal["numeric", "llm", "hybrid"]
@@ -76,6 +76,8 @@ class Config:
     sglang_request_timeout: float
     sglang_max_restarts: int
     sglang_stop_grace: float
+    logit_bias_url: str  # the server's base URL, without /v1 and a trailing slash
+    logit_bias_request_timeout: float
     # Fitness (lambdas normalised to sum to 1)
     lambda_shortness: float
     lambda_correctness: float
@@ -218,6 +220,9 @@ def _checked(r: Reader) -> dict[str, Any]:
             re.match(r"https?://", url) is not None,
             f"CONFIG_SGLANG_URLS has {url!r}, which is not an http(s):// URL",
         )
+    bias_url = r.string("LOGIT_BIAS_URL").strip().rstrip("/").removesuffix("/v1")
+    require(re.fullmatch(r"https?://[^/\s]+(/\S*)?", bias_url) is not None,
+            f"CONFIG_LOGIT_BIAS_URL={r.raw('LOGIT_BIAS_URL')} is not an http(s):// URL, e.g. http://127.0.0.1:8080")
     api = r.string("SGLANG_API").strip()
     require(api in SGLANG_APIS, f"CONFIG_SGLANG_API={api!r} is unknown; use one of {', '.join(SGLANG_APIS)}")
     for name in ("OUTPUT_DIR", "CLUSTER_DIR", "MODEL_PATH", "FINANCEBENCH_JSONL_PATH", "EMBEDDING_MODEL"):
@@ -231,7 +236,8 @@ def _checked(r: Reader) -> dict[str, Any]:
             "lambda_correctness": lambdas["LAMBDA_CORRECTNESS"] / total, "max_wall_minutes": wall_minutes,
             "temperature": temperature, "correctness_tolerance": tolerance, "pool_indices": pool,
             "holdout_data": holdout_data, "holdout_indices": holdout_indices, "compare_instruction": instruction,
-            "prompt_template_path": template, "sglang_urls": urls, "sglang_api": api, "transformers_device": device}
+            "prompt_template_path": template, "sglang_urls": urls, "sglang_api": api, "transformers_device": device,
+            "logit_bias_url": bias_url}
 
 
 def _paths_and_data(r: Reader, checked: dict[str, Any]) -> dict[str, Any]:
@@ -261,7 +267,8 @@ def _descriptions_path(r: Reader) -> Path:
 
 def _engine(r: Reader, checked: dict[str, Any]) -> dict[str, Any]:
     return dict(
-        engine=r.choice({"ENGINE_TRANSFORMERS": "transformers", "ENGINE_SGLANG": "sglang"}),
+        engine=r.choice({"ENGINE_TRANSFORMERS": "transformers", "ENGINE_SGLANG": "sglang",
+                         "ENGINE_LOGIT_BIAS": "logit_bias"}),
         model_path=r.string("MODEL_PATH"),
         max_new_tokens=r.integer("MAX_NEW_TOKENS"),
         temperature=checked["temperature"],
@@ -282,6 +289,8 @@ def _engine(r: Reader, checked: dict[str, Any]) -> dict[str, Any]:
         sglang_request_timeout=float(r.integer("SGLANG_REQUEST_TIMEOUT")),
         sglang_max_restarts=r.integer("SGLANG_MAX_RESTARTS"),
         sglang_stop_grace=float(r.integer("SGLANG_STOP_GRACE")),
+        logit_bias_url=checked["logit_bias_url"],
+        logit_bias_request_timeout=float(r.integer("LOGIT_BIAS_REQUEST_TIMEOUT")),
     )
 
 

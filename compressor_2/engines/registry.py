@@ -1,5 +1,5 @@
-"""CONFIG_ENGINE_* -> an engine: a name -> factory dict, imported lazily so the SGLang
-path costs nothing (and needs nothing) when the transformers engine is chosen."""
+"""CONFIG_ENGINE_* -> an engine: a name -> factory dict, imported lazily so the server
+engines cost nothing (and need nothing) when the transformers engine is chosen."""
 
 from __future__ import annotations
 
@@ -37,7 +37,13 @@ def phases(config: Config) -> dict[str, int]:
     return {"phases": config.delta_phases} if config.delta_phases > 1 else {}
 
 
-ENGINES: dict[str, EngineFactory] = {"transformers": _transformers, "sglang": _sglang}
+def _logit_bias(config: Config, clusters: ClusterSet, prompts: Mapping[str, str]) -> Engine:
+    from compressor_2.engines.logit_bias.engine import LogitBiasEngine
+
+    return LogitBiasEngine.from_config(config, clusters, prompts=prompts)
+
+
+ENGINES: dict[str, EngineFactory] = {"transformers": _transformers, "sglang": _sglang, "logit_bias": _logit_bias}
 
 
 def make_engine(config: Config, clusters: ClusterSet, prompts: Mapping[str, str] | None = None) -> Engine:

@@ -134,6 +134,9 @@ JUDGE_BOUND = "how long a judge that gives no verdict is waited for: verdicts ar
 CONCURRENCY = "how many calls run at once: speed only"
 OTHER_MODEL = ("which server may serve: one whose model path is spelled otherwise than CONFIG_MODEL_PATH (the "
                "model itself is compared, by what it holds)")
+OTHER_SERVER = ("which server answers: it must serve CONFIG_MODEL_PATH's model with its tokenizer (checked on every "
+                "answer); answers already in the archive are reused, and one running other arithmetic (another "
+                "quantisation or engine) can answer a new request otherwise where greedy answers part")
 MODEL_SETTING = "the model (a digest of its weights and tokenizer files)"
 COMPARE = ("which simpler tools are measured after the search; the search never reads them: the next run measures "
            "the new set, reusing cached answers")
@@ -202,7 +205,9 @@ MAY_CHANGE: tuple[Setting, ...] = (
       for name in ("transformers_batch_size", "transformers_device", "transformers_threads",
                    "transformers_prompt_cache_mb", "eval_concurrency",
                    "sglang_command", "sglang_urls", "sglang_port", "sglang_allow_remote", "sglang_startup_timeout",
-                   "sglang_poll_interval", "sglang_request_timeout", "sglang_max_restarts", "sglang_stop_grace")),
+                   "sglang_poll_interval", "sglang_request_timeout", "sglang_max_restarts", "sglang_stop_grace",
+                   "logit_bias_request_timeout")),
+    Setting("CONFIG_LOGIT_BIAS_URL", ("LOGIT_BIAS_URL",), lambda c, _: c.logit_bias_url, OTHER_SERVER),
     Setting("CONFIG_SGLANG_API", ("SGLANG_API",), lambda c, _: c.sglang_api,
             "which request path reaches the servers: both give the same answers for the same prompt, deltas and "
             "server (every completions answer's prompt ids are checked), so cached answers stay valid"),
