@@ -52,6 +52,11 @@ def test_the_config_names_the_engine_and_its_server(tmp_path, shared, tiny_model
     assert main(["check-config", "--config", str(path)]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         "error: CONFIG_LOGIT_BIAS_URL=127.0.0.1:8081 is not an http(s):// URL, e.g. http://127.0.0.1:8080"]
+    phased = engine_config(tmp_path, shared, tiny_model_dir, "http://127.0.0.1:8081", DELTA_PHASES="2")
+    assert main(["check-config", "--config", str(phased)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: CONFIG_DELTA_PHASES=2 needs a processor that follows each answer's phase; CONFIG_ENGINE_LOGIT_BIAS "
+        "sends one static logit_bias map a request: set CONFIG_DELTA_PHASES=1"]
 
 
 def test_export_writes_the_map_of_the_candidates_deltas_with_the_cluster_maps_digest(work, shared, tiny_model_dir,

@@ -223,6 +223,9 @@ def _checked(r: Reader) -> dict[str, Any]:
     bias_url = r.string("LOGIT_BIAS_URL").strip().rstrip("/").removesuffix("/v1")
     require(re.fullmatch(r"https?://[^/\s]+(/\S*)?", bias_url) is not None,
             f"CONFIG_LOGIT_BIAS_URL={r.raw('LOGIT_BIAS_URL')} is not an http(s):// URL, e.g. http://127.0.0.1:8080")
+    require(not r.flag("ENGINE_LOGIT_BIAS") or r.integer("DELTA_PHASES") == 1,
+            f"CONFIG_DELTA_PHASES={r.integer('DELTA_PHASES')} needs a processor that follows each answer's phase; "
+            "CONFIG_ENGINE_LOGIT_BIAS sends one static logit_bias map a request: set CONFIG_DELTA_PHASES=1")
     api = r.string("SGLANG_API").strip()
     require(api in SGLANG_APIS, f"CONFIG_SGLANG_API={api!r} is unknown; use one of {', '.join(SGLANG_APIS)}")
     for name in ("OUTPUT_DIR", "CLUSTER_DIR", "MODEL_PATH", "FINANCEBENCH_JSONL_PATH", "EMBEDDING_MODEL"):
