@@ -25,12 +25,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from compressor_2.clusters.special import strip_markers
+
+if TYPE_CHECKING:
+    # Imported where a tensor is made: the reference and the token classes serve readers
+    # (the reflector's evidence, a warm cluster build) that never load torch.
+    import torch
 
 OTHER, DIGIT, JOIN, NEWLINE = 0, 1, 2, 3
 CLASSES = 4
@@ -104,6 +108,8 @@ def phase_rows(deltas: torch.Tensor, phases: int) -> torch.Tensor:
     """(rows, phases * clusters) phase-major deltas -> (rows, STATES, clusters + 1): each
     state's delta row and the zero column unsteered tokens read, so a step selects a row's
     bias row by its state alone."""
+    import torch
+
     rows = deltas.shape[0]
     per_phase = torch.nn.functional.pad(deltas.reshape(rows, phases, -1), (0, 1))
     return per_phase[:, list(STATE_PHASES[phases - 1])]
@@ -120,12 +126,16 @@ class PhaseTables:
 
     @classmethod
     def make(cls, classes: np.ndarray, phases: int, device: torch.device | str) -> PhaseTables:
+        import torch
+
         padded = np.append(np.asarray(classes, dtype=np.int64), OTHER)
         return cls(check_phases(phases), torch.as_tensor(padded, device=device),
                    torch.tensor(TRANSITIONS, device=device).flatten())
 
     def start(self, rows: int) -> torch.Tensor:
         """Every row BEFORE, as a (rows,) long state."""
+        import torch
+
         return torch.full((rows,), BEFORE, dtype=torch.long, device=self.classes.device)
 
     def advance(self, states: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -137,4 +147,6 @@ class PhaseTables:
     @staticmethod
     def select(table: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
         """(rows, STATES, clusters + 1) -> each row's (clusters + 1) row for its state."""
+        import torch
+
         return table[torch.arange(table.shape[0], device=table.device), states]
