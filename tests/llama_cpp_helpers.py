@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.sglang_helpers import STARTUP_GUARD, free_port
+from tests.sglang_helpers import free_port, wait_until_up
 
 DEFAULT_VENV = Path.home() / ".cache" / "compressor_2" / "llama-cpp-0.3.36" / "venv"
 
@@ -47,15 +45,8 @@ def llama_server(gguf: Path, log: Path, *flags: str) -> Iterator[str]:
         process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + STARTUP_GUARD
-        while True:
-            assert process.poll() is None, f"llama.cpp's server died: {log.read_text()[-2000:]}"
-            try:
-                if httpx.get(url + "/v1/models", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
-            assert time.monotonic() < deadline, f"{url} never came up: {log.read_text()[-2000:]}"
+        wait_until_up(process, url + "/v1/models", lambda: f"llama.cpp's server: {log.read_text()[-2000:]}",
+                      timeout=5, pause=0.2)
         yield url
     finally:
         process.terminate()

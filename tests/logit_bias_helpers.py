@@ -15,10 +15,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 
 from compressor_2.config import Config, load_config
-from tests.sglang_helpers import STARTUP_GUARD, free_port
+from tests.sglang_helpers import free_port, wait_until_up
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE = REPO / "tests" / "fakes" / "logit_bias_server.py"
@@ -32,15 +31,7 @@ def logit_bias_server(model_dir: Path, *flags: str) -> Iterator[str]:
                                 *flags], stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + STARTUP_GUARD
-        while True:
-            assert process.poll() is None, "the fake server died"
-            try:
-                if httpx.get(url + "/v1/models", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.05)
-            assert time.monotonic() < deadline, f"{url} never came up"
+        wait_until_up(process, url + "/v1/models", lambda: "the fake server died")
         yield url
     finally:
         process.kill()

@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,21 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def wait_until_up(process: subprocess.Popen[bytes], probe: str, why_dead: Callable[[], str],
+                  timeout: float = 1, pause: float = 0.05) -> None:
+    """Until GET `probe` answers 200: a server `process` started; `why_dead()` says what
+    to show when it dies first. Bounded by STARTUP_GUARD."""
+    deadline = time.monotonic() + STARTUP_GUARD
+    while True:
+        assert process.poll() is None, why_dead()
+        try:
+            if httpx.get(probe, timeout=timeout).status_code == 200:
+                return
+        except httpx.TransportError:
+            time.sleep(pause)
+        assert time.monotonic() < deadline, f"{probe} never came up: {why_dead()}"
 
 
 def sglang_config(output_dir: Path, model_dir: Path, *fake_flags: str, **overrides: Any) -> Config:
@@ -84,16 +99,7 @@ def fake_server(model_dir: Path, *flags: str) -> Iterator[str]:
                                 "--port", str(port), *flags], stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + STARTUP_GUARD
-        while True:
-            assert process.poll() is None, "the fake server died"
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.05)
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{url} never came up")
+        wait_until_up(process, url + "/health", lambda: "the fake server died")
         yield url
     finally:
         process.kill()

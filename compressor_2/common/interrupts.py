@@ -5,10 +5,11 @@ never prints a traceback."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _ARRIVED = threading.Event()  # in the outermost `stop_on_first_signal` block
@@ -69,3 +70,15 @@ def signals_ignored() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+async def gather_or_cancel(tasks: Sequence[asyncio.Task[None]]) -> None:
+    """Awaits every task; one failure (or Ctrl+C) cancels the rest and waits for them, so
+    nothing stays in flight behind a call that ended."""
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import numpy as np
 
-from compressor_2.common import ConfigError, RunError, scrub, shown
+from compressor_2.common import ConfigError, RunError, gather_or_cancel, scrub, shown
 from compressor_2.engines.base import Generation, GenerationRequest, Progress
 from compressor_2.engines.chat import ChatPrompt, chat_prompt, prompt_label
 from compressor_2.engines.logit_bias.server import (
@@ -297,14 +297,7 @@ class LogitBiasEngine:
             # prompt's keys and values (llama-cpp-python) or caches prefixes prefills it once.
             order = sorted(range(len(bodies)), key=lambda i: prompts[i].ids)
             tasks = [asyncio.create_task(one(i)) for i in order]
-            try:
-                await asyncio.gather(*tasks)
-            except BaseException:
-                # One failure (or Ctrl+C) ends the call: nothing stays in flight behind it.
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-                raise
+            await gather_or_cancel(tasks)
         return [r for r in results if r is not None]
 
     async def _post(self, client: httpx.AsyncClient, body: bytes, label: str,

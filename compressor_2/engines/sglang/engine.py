@@ -30,7 +30,7 @@ import httpx
 import numpy as np
 
 from compressor_2.clusters.vocab import load_vocabulary
-from compressor_2.common import ConfigError, RunError
+from compressor_2.common import ConfigError, RunError, gather_or_cancel
 from compressor_2.config import check_addresses, check_loopback
 from compressor_2.engines.base import Generation, GenerationRequest, Progress
 from compressor_2.engines.chat import ChatPrompt, chat_prompt, prompt_label
@@ -396,14 +396,7 @@ class SGLangEngine:
                     progress(1)
 
             tasks = [asyncio.create_task(one(i)) for i in indices]
-            try:
-                await asyncio.gather(*tasks)
-            except BaseException:
-                # One failure (or Ctrl+C) ends the call: nothing stays in flight behind it.
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-                raise
+            await gather_or_cancel(tasks)
         return sorted(lost)
 
     async def _post(self, client: httpx.AsyncClient, body: dict[str, Any], label: str,
