@@ -37,13 +37,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_stop_oracle import (HELDOUT, PRESET, REPO, read_answers, seed_embeddings,  # noqa: E402
                                shown, slug, variant)
 
+from compressor_2.clusters.roles import ROLES, role_ids  # noqa: E402
 from compressor_2.common import atomic_write_json  # noqa: E402
 from compressor_2.config import load_config  # noqa: E402
 from compressor_2.verdict import share_reached, stop_oracle, summarise  # noqa: E402
 from compressor_2.verdict.confidence import Paired, compare, does_as_well, identical  # noqa: E402
 
 EOS = "0"  # the end-of-sequence cluster, in every cluster set
-LINE_BREAKS, SENTENCE_ENDS = "2", "4"  # the role clusters' ids (clusters/roles.py, ROLES' order)
+ROLE_NAMES = dict(zip(role_ids(), (role.name for role in ROLES)))  # the role clusters' ids (clusters/roles.py)
+LINE_BREAKS, SENTENCE_ENDS = (next(cid for cid, name in ROLE_NAMES.items() if name == n)
+                              for n in ("line breaks", "sentence ends"))
 INSTRUCTED_TARGET = 25.0  # issue AC's target for instruction + steering, tokens
 STEERING_TARGET = 31.3  # issue AC's target for steering alone: the instruction alone's tokens
 
@@ -57,7 +60,7 @@ class Arm:
 
     @property
     def name(self) -> str:
-        moved = ", ".join(f"{'EOS' if cid == EOS else f'role {cid}' if self.roles else cid} {value:+g} "
+        moved = ", ".join(f"{'EOS' if cid == EOS else ROLE_NAMES.get(cid, cid) if self.roles else cid} {value:+g} "
                           f"in phase {phase}" for phase, cid, value in self.deltas)
         clusters = ", role clusters" if self.roles else ""
         return f"{self.prompt}: as it is" if not self.deltas else f"{self.prompt} (P={self.phases}{clusters}): {moved}"
