@@ -35,10 +35,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_stop_oracle import (HELDOUT, PRESET, REPO, read_answers, seed_embeddings,  # noqa: E402
-                               shown, slug, variant)
+                               shown, slug, variant, write_table)
 
 from compressor_2.clusters.roles import ROLES, role_ids  # noqa: E402
-from compressor_2.common import atomic_write_json  # noqa: E402
 from compressor_2.config import load_config  # noqa: E402
 from compressor_2.verdict import share_reached, stop_oracle, summarise  # noqa: E402
 from compressor_2.verdict.confidence import Paired, compare, does_as_well, identical  # noqa: E402
@@ -217,10 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         files = list(pool.map(lambda arm: answer(arm, args), plan))
     rows = measure(args, plan, files)
     print("\n".join(table(rows)))
-    if args.json is not None:
-        atomic_write_json(args.json, {"data": str(args.data.relative_to(REPO) if args.data.is_relative_to(REPO)
-                                                  else args.data), "indices": args.indices, "arms": rows})
-        print(f"wrote {args.json}")
+    write_table(args, rows)
     return 0
 
 

@@ -229,11 +229,17 @@ def main(argv: list[str] | None = None) -> int:
     arms = plan(args)
     files = [answer(arm, args) for arm in arms]
     rows = measure(load_config(arms[0].config), arms, files)
-    if args.json is not None:
-        atomic_write_json(args.json, {"data": str(args.data.relative_to(REPO) if args.data.is_relative_to(REPO)
-                                                  else args.data), "indices": args.indices, "arms": rows})
-        print(f"wrote {args.json}")
+    write_table(args, rows)
     return 0
+
+
+def write_table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
+    """The arms' rows as JSON at --json (when given), the questions named relative to the repository."""
+    if args.json is None:
+        return
+    data = args.data.relative_to(REPO) if args.data.is_relative_to(REPO) else args.data
+    atomic_write_json(args.json, {"data": str(data), "indices": args.indices, "arms": rows})
+    print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

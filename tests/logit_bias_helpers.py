@@ -17,7 +17,7 @@ from typing import Any
 
 
 from compressor_2.config import Config, load_config
-from tests.sglang_helpers import free_port, wait_until_up
+from tests.sglang_helpers import free_port, hung, wait_until_up
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE = REPO / "tests" / "fakes" / "logit_bias_server.py"
@@ -69,7 +69,7 @@ def interrupted_evolve(config: Path, started: Callable[[], bool], guard: float =
         deadline = time.monotonic() + guard
         while not started():
             assert process.poll() is None, f"evolve ended before it was interrupted: {process.stderr.read()}"
-            assert time.monotonic() < deadline, "evolve never reached the point to interrupt"
+            hung(deadline, "evolve never reached the point to interrupt")
             time.sleep(0.05)
         # Sent again until the process ends: one that lands in a window where the run ignores
         # signals (its state save) is lost, and every one after the first that lands is
@@ -80,7 +80,7 @@ def interrupted_evolve(config: Path, started: Callable[[], bool], guard: float =
                 _, err = process.communicate(timeout=5)
                 break
             except subprocess.TimeoutExpired:
-                assert time.monotonic() < deadline, "evolve did not stop on SIGINT"
+                hung(deadline, "evolve did not stop on SIGINT")
     finally:
         if process.poll() is None:
             process.kill()

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import pytest
 
 from compressor_2.clusters.clusterset import FINGERPRINT_FILE, ClusterSet
 from compressor_2.config import Config, load_config
@@ -36,6 +37,14 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def hung(deadline: float, what: str) -> None:
+    """Fails the test when `deadline` (a monotonic time, set by a hang guard far beyond any
+    loaded machine's pace) has passed: `what` hangs. A wait loop calls it between polls of
+    the progress it waits for, so no test rests on how fast something runs."""
+    if time.monotonic() > deadline:
+        pytest.fail(f"{what} (no progress within the hang guard)")
+
+
 def wait_until_up(process: subprocess.Popen[bytes], probe: str, why_dead: Callable[[], str],
                   timeout: float = 1, pause: float = 0.05) -> None:
     """Until GET `probe` answers 200: a server `process` started; `why_dead()` says what
@@ -48,7 +57,7 @@ def wait_until_up(process: subprocess.Popen[bytes], probe: str, why_dead: Callab
                 return
         except httpx.TransportError:
             time.sleep(pause)
-        assert time.monotonic() < deadline, f"{probe} never came up: {why_dead()}"
+        hung(deadline, f"{probe} never came up: {why_dead()}")
 
 
 def sglang_config(output_dir: Path, model_dir: Path, *fake_flags: str, **overrides: Any) -> Config:
