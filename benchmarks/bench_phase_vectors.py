@@ -91,6 +91,9 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
                         help="where configs, deltas and answers go")
     parser.add_argument("--jobs", type=int, default=1, help="arms answered side by side")
     parser.add_argument("--only-answered", action="store_true", help="measure the arms already answered, answer none")
+    parser.add_argument("--only", default="", metavar="KEY,...",
+                        help="answer only the arms of these keys (the baselines always), e.g. "
+                             "instructed_P2_roles_1_2_m4_1_0_p4 for a second question set")
     parser.add_argument("--json", type=Path, default=None, help="write the table as JSON here")
     return parser.parse_args(argv)
 
@@ -210,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     plan = arms()
     if args.only_answered:
         plan = [arm for arm in plan if answers_file(arm, args).exists()]
+    if args.only:
+        wanted = [k.strip() for k in args.only.split(",") if k.strip()]
+        plan = [arm for arm in plan if not arm.deltas or arm.key in wanted]
     for arm in plan:  # configs and cluster sets first, so that parallel answers never build them twice
         arm_config(arm, args)
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
