@@ -1,5 +1,5 @@
-"""Paired confidence (compressor_2/verdict/confidence.py) and the claims read from a run archive
-(compressor_2/verdict/claims.py): a hand-built archive whose paired verdicts are known gives the
+"""Paired confidence (compressor_2/findings/confidence.py) and the claims read from a run archive
+(compressor_2/findings/claims.py): a hand-built archive whose paired verdicts are known gives the
 intervals and p-values scipy gives computed directly, the same on every run."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from compressor_2.archive import Answer, CheckStore, RunArchive, genome_key
 from compressor_2.data.example import Example
 from compressor_2.data.prompt import instructed
 from compressor_2.fitness import example_key
-from compressor_2.verdict.claims import HELDOUT, TRAINING, Arm, Claims, cap_context
-from compressor_2.verdict.confidence import (
+from compressor_2.findings.claims import HELDOUT, TRAINING, Arm, Claims, cap_context
+from compressor_2.findings.confidence import (
     RESAMPLES, SEED, compare, correctness_claim, does_as_well, mcnemar_exact, mean_change_interval, newcombe_paired,
     tokens_claim, verdict, wilson,
 )

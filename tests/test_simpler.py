@@ -1,4 +1,4 @@
-"""The simpler tools (compressor_2/verdict/simpler.py): the EOS-only search and the cap's
+"""The simpler tools (compressor_2/findings/simpler.py): the EOS-only search and the cap's
 arithmetic, then whole tiny runs with CONFIG_COMPARE_SIMPLE on and off: what they add, what
 they never touch, the cache on a rerun, and a Ctrl+C inside them."""
 
@@ -16,9 +16,9 @@ from compressor_2.commands.evolve import evolve
 from compressor_2.common.errors import ConfigError
 from compressor_2.config import load_config
 from compressor_2.data.prompt import INSTRUCTED
-from compressor_2.verdict.claims import Arm
-from compressor_2.verdict.confidence import compare
-from compressor_2.verdict.simpler import (
+from compressor_2.findings.claims import Arm
+from compressor_2.findings.confidence import compare
+from compressor_2.findings.simpler import (
     EOS_EVALUATIONS, EOS_GRID, TOOLS_META, Tool, ToolRow, Tools, cap_for, eos_search, read_record, verdict,
 )
 from tests.test_evolution_support import config_for, query, read_json, write_config

@@ -51,7 +51,7 @@ from compressor_2.resume import (
 )
 from compressor_2.run import DELTAS_BEST, PROCESSOR_BEST, BestEver, Budget, Limits, Run, Workers, drive, shortfall
 from compressor_2.strategies import Plugin, load_strategy
-from compressor_2.verdict import Checks, Oracle, other_side_examples, simpler_options
+from compressor_2.findings import Checks, Oracle, other_side_examples, simpler_options
 
 if TYPE_CHECKING:
     from compressor_2.clusters.clusterset import ClusterSet

@@ -2,7 +2,7 @@
 
 `--max-correctness-drop D` chooses on what the search did not fit: once the held-out check
 ran, the front candidate with the fewest held-out tokens whose held-out drop against the
-unsteered baseline has an upper bound (at `--confidence`, paired: verdict/confidence.py) of at
+unsteered baseline has an upper bound (at `--confidence`, paired: findings/confidence.py) of at
 most D. Without a held-out check, the shortest candidate on the training front whose
 correctness is at most D below the baseline's, and the message says that this choice is
 unvalidated. `--candidate ID` takes that one. Its deltas (with the cluster fingerprint
@@ -27,7 +27,7 @@ from compressor_2.deltas import deltas_document, fingerprint_path, recorded_fing
 from compressor_2.run import DELTAS_BEST
 from compressor_2.steering.generate import generate_processor
 from compressor_2.steering.logit_bias import export_logit_bias, refuse_phases
-from compressor_2.verdict import (
+from compressor_2.findings import (
     HELDOUT,
     LEVEL,
     Arm,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from compressor_2.archive import ARCHIVE_FILE, RunArchive
 from compressor_2.commands.files import Files
 from compressor_2.outputs import REPORT_FILE, write_report
-from compressor_2.verdict import Claims, measured, read_record, refuse_emptied_heldout, refuse_lost, standing
+from compressor_2.findings import Claims, measured, read_record, refuse_emptied_heldout, refuse_lost, standing
 
 
 def run_report(files: Files) -> None:

@@ -27,7 +27,7 @@ from compressor_2.deltas import by_phase
 from compressor_2.fitness import example_key
 from compressor_2.outputs import status
 from compressor_2.strategies.archive import VIABILITY_META
-from compressor_2.verdict import (
+from compressor_2.findings import (
     BASELINE_ID,
     HELDOUT,
     TRAINING,

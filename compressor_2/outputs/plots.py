@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
 
 from compressor_2.common import atomic_write_bytes  # noqa: E402
-from compressor_2.verdict import Point, pareto_front  # noqa: E402
+from compressor_2.findings import Point, pareto_front  # noqa: E402
 
 FITNESS_PLOT = "fitness_vs_generation.png"
 LENGTHS_PLOT = "evolution_lengths.png"

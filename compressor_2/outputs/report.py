@@ -27,7 +27,7 @@ from compressor_2.judges import gold_kind
 from compressor_2.outputs.plots import FITNESS_PLOT, FRONT_PLOT, LENGTHS_PLOT
 from compressor_2.outputs.tree import TREE_PLOT
 from compressor_2.resume import IDENTITY_KEY, IN_SEARCH
-from compressor_2.verdict import (
+from compressor_2.findings import (
     BASELINE_ID,
     HELDOUT,
     TRAINING,

@@ -67,7 +67,7 @@ from compressor_2.run.budget import BudgetReached
 from compressor_2.run.idle import IdleSteps
 from compressor_2.run.services import Run, resume_command
 from compressor_2.run.watch import CallWatch
-from compressor_2.verdict import standing
+from compressor_2.findings import standing
 
 @dataclass(frozen=True)
 class Report:

@@ -18,7 +18,7 @@ Scores = Mapping[int, Mapping[str, float]]  # candidate -> valset example -> sco
 
 def example_fronts(scores: Scores) -> dict[str, tuple[float, set[int]]]:
     """Per valset example, its front: the best score and the candidates that reach it (GEPA's
-    Pareto front over instances; the tokens-versus-correctness front is verdict/front.py's)."""
+    Pareto front over instances; the tokens-versus-correctness front is findings/front.py's)."""
     front: dict[str, tuple[float, set[int]]] = {}
     for cid in sorted(scores):
         for example, score in scores[cid].items():

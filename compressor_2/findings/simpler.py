@@ -20,7 +20,7 @@ search, so that the run says whether the search earned its keep on this model
 They answer through the checks' evaluator, as the held-out check does (apart from the
 search's budget and cache, cached for the next run). What they measured is recorded in the
 archive's meta (`TOOLS_META`); every figure is read back from the answers, paired against
-the baseline or the best (verdict/claims.py).
+the baseline or the best (findings/claims.py).
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from compressor_2.data import Example, instructed, uninstructed
 from compressor_2.deltas import split_gene
 from compressor_2.fitness import Evaluator, evaluate_with_bar, example_key
 from compressor_2.judges import JudgeItem
-from compressor_2.verdict.claims import HELDOUT, TRAINING, Arm, Claims, cap_context
-from compressor_2.verdict.confidence import Paired, ci, does_as_well
+from compressor_2.findings.claims import HELDOUT, TRAINING, Arm, Claims, cap_context
+from compressor_2.findings.confidence import Paired, ci, does_as_well
 
 TOOLS_META = "simpler_tools"
 EOS_GRID = (0.5, 1.0, 2.0, 3.0, 4.0, 6.0)  # EOS deltas tried at once; 0 is the baseline

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compressor_2.verdict.claims import HELDOUT, Arm, Claims
-from compressor_2.verdict.confidence import Paired, ci, correctness_claim, points_claim, tokens_change, tokens_claim
-from compressor_2.verdict.simpler import Record, shown_split
+from compressor_2.findings.claims import HELDOUT, Arm, Claims
+from compressor_2.findings.confidence import Paired, ci, correctness_claim, points_claim, tokens_change, tokens_claim
+from compressor_2.findings.simpler import Record, shown_split
 
 UNSTEERED, INSTRUCTION = "unsteered", "instruction"  # the two references' keys
 

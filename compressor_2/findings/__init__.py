@@ -1,23 +1,23 @@
 """What a run gained, outside any loop: `standing`, `Checks`, `Claims`, their confidence, simpler tools, six arms,
 the stop oracle."""
 
-from compressor_2.verdict.arms import arm_results, arms_lines
-from compressor_2.verdict.checks import (
+from compressor_2.findings.arms import arm_results, arms_lines
+from compressor_2.findings.checks import (
     BASELINE_ID, Checks, Measured, Standing, measured, refuse_emptied_heldout, refuse_lost, standing,
 )
-from compressor_2.verdict.claims import HELDOUT, TRAINING, Arm, Claims
-from compressor_2.verdict.confidence import (
+from compressor_2.findings.claims import HELDOUT, TRAINING, Arm, Claims
+from compressor_2.findings.confidence import (
     LEVEL, Paired, ci, correctness_claim, does_as_well, p_text, points_claim, tokens_change, tokens_claim, verdict,
 )
-from compressor_2.verdict.front import Point, affordable, affordable_bound, pareto_front
-from compressor_2.verdict.simpler import (
+from compressor_2.findings.front import Point, affordable, affordable_bound, pareto_front
+from compressor_2.findings.simpler import (
     other_side_examples,
     read_record,
     simpler_options,
     tool_rows,
     verdict as tools_verdict,
 )
-from compressor_2.verdict.stop_oracle import Oracle, Summary, share_reached, stop_oracle, summarise, summary_text
+from compressor_2.findings.stop_oracle import Oracle, Summary, share_reached, stop_oracle, summarise, summary_text
 
 __all__ = ["BASELINE_ID", "HELDOUT", "LEVEL", "TRAINING", "Arm", "Checks", "Claims", "Measured", "Oracle", "Paired",
            "Point", "Standing", "Summary", "affordable", "affordable_bound", "arm_results", "arms_lines", "ci",
