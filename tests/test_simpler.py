@@ -19,7 +19,7 @@ from compressor_2.data.prompt import INSTRUCTED
 from compressor_2.findings.claims import Arm
 from compressor_2.findings.confidence import compare
 from compressor_2.findings.simpler import (
-    EOS_EVALUATIONS, EOS_GRID, TOOLS_META, Tool, ToolRow, Tools, cap_for, eos_search, read_record, verdict,
+    EOS_EVALUATIONS, EOS_GRID, TOOLS_META, Tool, ToolRow, Tools, cap_for, eos_search, read_record, simpler_advice,
 )
 from tests.test_evolution_support import config_for, query, read_json, write_config
 
@@ -60,9 +60,9 @@ def test_a_tool_that_does_as_well_as_the_best_is_named_plainly():
     longer = compare(best, [(17, True)] * 40)
     eos = Tool("EOS bias alone (+2.1)", "an EOS bias of +2.1", Arm("2.1,0.0"))
     cap = Tool("a cap at 10 tokens", "a cap at 10 tokens (max_tokens)", Arm("0.0,0.0", cap=10))
-    assert verdict([ToolRow(eos, None, None, longer), ToolRow(cap, None, None, as_well)], 0.95) == (
+    assert simpler_advice([ToolRow(eos, None, None, longer), ToolRow(cap, None, None, as_well)], 0.95) == (
         "On this model a cap at 10 tokens (max_tokens) does as well: deploy that.")
-    assert verdict([ToolRow(eos, None, None, longer)], 0.95) == (
+    assert simpler_advice([ToolRow(eos, None, None, longer)], 0.95) == (
         "None does as well as the evolved deltas (95% CIs, paired): the search earned its keep.")
 
 

@@ -21,7 +21,7 @@ from compressor_2.archive.candidates import Candidates
 from compressor_2.archive.lineage import Lineage
 from compressor_2.archive.log import RunLog
 from compressor_2.archive.records import Feedback, Merge, Records
-from compressor_2.archive.rows import Answer, CallRecord, Candidate, CheckResult, Placement, Spot
+from compressor_2.archive.rows import Answer, CallRecord, Candidate, CheckResult, Placement, ReplyTally, Spot
 from compressor_2.archive.schema import Database
 
 
@@ -268,10 +268,10 @@ class RunArchive:
         """The latency of every reflector attempt, summed: what the reflector cost in time."""
         return self._log.reflector_seconds()
 
-    def verdicts(self, after: int = 0) -> tuple[int, int, int, str]:
-        """(the newest reflector call's id, the calls after id `after`, how many of them
-        were accepted, why the last rejected one was rejected or "")."""
-        return self._log.verdicts(after)
+    def reply_tally(self, after: int = 0) -> ReplyTally:
+        """The reflector's replies after call id `after`: the newest call's id, how many,
+        how many accepted, why the last rejected one was rejected."""
+        return self._log.reply_tally(after)
 
     def calls_about(self, cid: int) -> list[CallRecord]:
         return self._log.calls_about(cid)

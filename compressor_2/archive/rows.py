@@ -9,7 +9,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from compressor_2.common import as_count, as_float, shown
 
@@ -72,7 +72,16 @@ class CallRecord:
     prompt_tokens: int
     completion_tokens: int
     latency: float
-    verdict: str
+    verdict: str  # "accepted", or "rejected: " and why (the reflector_calls column of that name)
+
+
+class ReplyTally(NamedTuple):
+    """The reflector's replies since a step boundary, as the driver's warnings read them."""
+
+    newest: int  # the newest reflector call's id (the boundary the next tally starts after)
+    calls: int  # the calls after the boundary
+    accepted: int  # how many of them were accepted
+    last_rejection: str  # why the last rejected one was rejected, or ""
 
 
 @dataclass(frozen=True)

@@ -295,7 +295,7 @@ def tool_rows(claims: Claims, record: Record, zeros: str, best: str) -> list[Too
             for t in tools(record, zeros)]
 
 
-def verdict(rows: Sequence[ToolRow], level: float) -> str:
+def simpler_advice(rows: Sequence[ToolRow], level: float) -> str:
     """Whether a simpler tool does as well as the evolved deltas, plainly."""
     matching = [row.tool for row in rows if row.against_best is not None and does_as_well(row.against_best)]
     if matching:
@@ -318,7 +318,7 @@ def simpler_line(claims: Claims, record: Record, zeros: str, best: str) -> str |
     where = "held out" if split == HELDOUT else "on the training pool"
     carried = ", every prompt of the run with the instruction" if record.in_search else ""
     return (f"simpler tools {where} ({evolved.questions} questions){carried}: " + "; ".join(parts)
-            + f". {verdict(rows, claims.level)}")
+            + f". {simpler_advice(rows, claims.level)}")
 
 
 def _at(p: Paired) -> str:

@@ -36,13 +36,13 @@ from compressor_2.findings import (
     Standing,
     arm_results,
     ci,
+    difference_in_words,
     does_as_well,
     p_text,
     read_record,
+    simpler_advice,
     standing,
     tool_rows,
-    tools_verdict,
-    verdict,
 )
 
 REPORT_FILE = "report.html"
@@ -152,9 +152,9 @@ def render(archive: RunArchive, out: Path, pool: Sequence[Example], heldout: Seq
         front=[(p, held, claims.paired(zeros, Arm(now.genome(p.id)), HELDOUT if held else TRAINING))
                for p, held in now.front()],
         best_training=claims.paired(zeros, best_arm, TRAINING), best_claim=claims.paired(zeros, best_arm, HELDOUT),
-        tools=tools, tools_verdict=tools_verdict(tools, claims.level) if tools else "",
+        tools=tools, tools_advice=simpler_advice(tools, claims.level) if tools else "",
         arms=arms, arms_heldout=arms_split == HELDOUT, instruction_in_search=in_search,
-        eos_tried=record.eos if record is not None else (), level=ci(claims.level), p_text=p_text, verdict=verdict,
+        eos_tried=record.eos if record is not None else (), level=ci(claims.level), p_text=p_text, difference_in_words=difference_in_words,
         does_as_well=does_as_well,
         judge=judge, judge_warning=weak_gold_warning(judge, (*pool, *heldout)),
         front_image=_data_uri(out / FRONT_PLOT), figures=_figures(out), tree_image=_data_uri(out / TREE_PLOT),
