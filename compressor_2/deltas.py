@@ -30,7 +30,7 @@ MAX_PHASES = 3  # CONFIG_DELTA_PHASES' range
 
 
 def canonical_ids(ids: Iterable[str]) -> list[str]:
-    """Seed 000 §1: numeric order of the cluster ids; genome ids of several phases phase-major."""
+    """Numeric order of the cluster ids (the canonical order); genome ids of several phases phase-major."""
     return sorted(ids, key=_order)
 
 

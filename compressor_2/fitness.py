@@ -1,4 +1,4 @@
-"""Fitness of delta vectors on training examples (seed 000 §1), per example and cached.
+"""Fitness of delta vectors on training examples, per example and cached.
 
 The evaluator takes any set of genomes and any subset of the pool's examples and makes
 one engine call for every (genome, example) pair it has not answered before. Answers
@@ -8,7 +8,7 @@ example key includes a digest of its prompt and gold answer. With the run archiv
 the store, the cache outlives the process: a resumed run regenerates nothing.
 
 Quantities:
-- aggregate fitness (seed 000, unchanged): `lambda_s * shortness(mean tokens) +
+- aggregate fitness: `lambda_s * shortness(mean tokens) +
   lambda_c * correctness`, with `shortness(t) = 1 / (1 + t / scale)`;
 - per-example score, for strategies that compare candidates example by example:
   `s_i = lambda_s / (1 + tokens_i / scale) + lambda_c * correct_i`.

@@ -232,7 +232,7 @@ class RunArchive:
 
     def record_selection(self, generation: int, selections: Sequence[tuple[int, str, str]], summary: str,
                          fallback: str | None) -> None:
-        """(candidate, category, reasoning) rows of one generation's selection (seed 002)."""
+        """(candidate, category, reasoning) rows of one generation's LLM selection."""
         self._records.record_selection(generation, selections, summary, fallback)
 
     def selections(self) -> list[tuple[int, int, str, str]]:
@@ -240,7 +240,8 @@ class RunArchive:
         return self._records.selections()
 
     def record_feedback(self, entries: Sequence[Feedback]) -> None:
-        """(candidate, parent, iteration, generator, change summary, outcome) rows (seed 003)."""
+        """The archive strategy's feedback memory: (candidate, parent, iteration, generator,
+        change summary, outcome) rows."""
         self._records.record_feedback(entries)
 
     def feedback(self, parents: Sequence[int] | None = None) -> list[Feedback]:
@@ -252,7 +253,7 @@ class RunArchive:
         self._records.record_merge(candidate, first, second, ancestor, sources, accepted)
 
     def merges(self) -> list[Merge]:
-        """(candidate, first, second, ancestor, component sources, accepted), oldest first (seed 004)."""
+        """(candidate, first, second, ancestor, component sources, accepted), GEPA's, oldest first."""
         return self._records.merges()
 
     # -- reflector calls --------------------------------------------------------------------

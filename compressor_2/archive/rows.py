@@ -87,9 +87,8 @@ class ReplyTally(NamedTuple):
 @dataclass(frozen=True)
 class Spot:
     """Where a candidate stands in a strategy's structure: the GA's population member
-    (`pop`), offspring (`pre`) and mutated offspring (`mut`) of a generation (seed 000
-    §8), or a kept candidate of the other strategies (`cand`), in the column of the step
-    that made it."""
+    (`pop`), offspring (`pre`) and mutated offspring (`mut`) of a generation, or a kept
+    candidate of the other strategies (`cand`), in the column of the step that made it."""
 
     generation: int
     stage: str

@@ -1,4 +1,4 @@
-"""The two fixed clusters that never go through k-means (seed 001 §2.5), and the tokens
+"""The two fixed clusters that never go through k-means, and the tokens
 that are in no cluster at all.
 
 Cluster "0" holds the model's end-of-sequence / end-of-turn tokens and nothing else:

@@ -6,7 +6,7 @@ the simpler tools. Without an id: the run summary (strategy, candidates, metric 
 cache hits, reflector tokens, wall time, status and stop reason, best) and the best candidate's
 lineage, one line per ancestor; for the archive strategy its viability rule, its fittest
 members (each marked when not viable) and the feedback log. With an id: that candidate, its parents and children,
-the generations that selected it (seed 002's LLM selection) and why, the reflector
+the generations that selected it (the GA's LLM selection) and why, the reflector
 calls about it, and its answers on the training pool next to the
 unsteered baseline's (the all-zero genome when the run or its checks evaluated it, else
 the run's initial deltas).

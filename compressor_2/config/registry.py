@@ -6,7 +6,7 @@ configuration reads what a module declares of itself, all optional:
 - `SENTINELS`: those of its options that have no default, refused at their sentinel first;
 - `IDENTITY`: its options in the run identity (`resume.identity.Option`s).
 A strategy's options are read when it is chosen, and whatever the choice when no Kconfig
-menu depends on its entry (every config then sets them: the GA's, seed 000's)."""
+menu depends on its entry (every config then sets them: the GA's)."""
 
 from __future__ import annotations
 

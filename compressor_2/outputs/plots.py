@@ -58,7 +58,7 @@ def plot_lengths(history: Sequence[dict[str, Any]], path: Path) -> None:
 
 
 def plot_archive(snapshots: Sequence[dict[str, Any]], path: Path) -> None:
-    """Seed 003's telemetry: the archive's best fitness and its p10 / p50 / p90 against the
+    """The archive strategy's telemetry: the archive's best fitness and its p10 / p50 / p90 against the
     metric calls spent."""
     calls = [s["metric_calls"] for s in snapshots]
     fig, ax = plt.subplots(figsize=(7, 4))

@@ -209,7 +209,7 @@ class LocalProposer:
         scratchpad = "\n".join(keep_recent(lines + notes))
         return Reply(json.dumps({"delta": new, "scratchpad": scratchpad}), Usage(calls=1))
 
-    # -- full-vector mutation (seed 001 §4) ---------------------------------------------
+    # -- full-vector mutation ------------------------------------------------------------
 
     def vector_mutation(self, request: VectorRequest, messages: list[Message], attempt: int) -> Reply:
         """Moves EOS (in every phase) and the VECTOR_MOVES - 1 clusters with the strongest evidence at once,
@@ -253,7 +253,7 @@ class LocalProposer:
                 f"{request.fitness:.4f}, {mean_tokens:.1f} tokens, {_percent(correct)} correct.")
         return Reply(json.dumps({"deltas": deltas, "summary": "\n".join(notes)}), Usage(calls=1))
 
-    # -- selection (seed 002) ------------------------------------------------------------
+    # -- selection ----------------------------------------------------------------------
 
     def selection(self, request: SelectionRequest, messages: list[Message], attempt: int) -> Reply:
         """performance: the fittest; diversity: the farthest from it in delta space among the

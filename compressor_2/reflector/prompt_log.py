@@ -1,5 +1,5 @@
-"""One text file per reflector attempt under output_dir/reflector_prompts/ (seed 000 §8):
-the exact messages, the raw reply (its first REPLY_LOG_MAX_CHARS characters, masked
+"""One text file per reflector attempt under output_dir/reflector_prompts/: the
+exact messages, the raw reply (its first REPLY_LOG_MAX_CHARS characters, masked
 before it is cut) and the verdict. Headers, keys and URLs never appear."""
 
 from __future__ import annotations

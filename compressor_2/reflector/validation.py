@@ -1,12 +1,12 @@
 """The validation rules, in one place for every proposer:
 
-- mutation (seed 000 §8): a non-numeric delta, or one equal to the current value, is
+- mutation: a non-numeric delta, or one equal to the current value, is
   invalid -> retry once -> still invalid: skip the mutation;
-- full-vector mutation (seed 001 §4.4, with 000's rule): other ids than the clusters',
+- full-vector mutation (with the mutation's rule): other ids than the clusters',
   a non-finite value, or a vector equal to the current one is invalid -> retry once ->
   skip the mutation;
 - merge: invalid JSON or no string `scratchpad` -> retry once -> parent A's scratchpad;
-- selection (seed 002): not JSON, fewer than 2 or more than 5 selections, an unknown or
+- selection: not JSON, fewer than 2 or more than 5 selections, an unknown or
   repeated candidate id, or a category outside the three is invalid -> retry once ->
   the caller falls back to its automatic selection.
 

@@ -1,4 +1,4 @@
-"""The best-ever individual (seed 000 §1): updated whenever a newly evaluated individual is
+"""The best-ever individual: updated whenever a newly evaluated individual is
 strictly fitter, with deltas_best.json and processor_best.py rewritten each time; a genome
 with a delta that is not a finite number is never taken. A resume restores it from what
 the run recorded (the state file or the archive) and writes both files again: they are

@@ -1,4 +1,4 @@
-"""Seed 004's (GEPA 0.1.4's) arithmetic as pure functions over per-example valset scores:
+"""GEPA 0.1.4's arithmetic as pure functions over per-example valset scores:
 the Pareto front, domination, candidate selection, the epoch-shuffled minibatch sampler,
 the common-ancestor search, the merge of two descendants by components, and the
 stratified subsample a merge is tested on. A program is a candidate id; its components
