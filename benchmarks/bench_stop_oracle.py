@@ -123,12 +123,12 @@ def plan(args: argparse.Namespace) -> list[ArmSpec]:
 
 def seed_embeddings(base: Config, roles: Config) -> None:
     """The roles' cluster directory starts from the base's token embeddings (the same
-    vocabulary and embedding model: the build checks their fingerprint and reuses them),
+    vocabulary and embedding model: the build checks their embeddings key and reuses them),
     which spares minutes of embedding."""
-    from compressor_2.clusters.layout import EMBEDDINGS_FILE, EMBEDDINGS_FINGERPRINT_FILE
+    from compressor_2.clusters.layout import EMBEDDINGS_FILE, EMBEDDINGS_KEY_FILE
 
     roles.cluster_dir.mkdir(parents=True, exist_ok=True)
-    for name in (EMBEDDINGS_FILE, EMBEDDINGS_FINGERPRINT_FILE):
+    for name in (EMBEDDINGS_FILE, EMBEDDINGS_KEY_FILE):
         if (base.cluster_dir / name).is_file() and not (roles.cluster_dir / name).exists():
             shutil.copyfile(base.cluster_dir / name, roles.cluster_dir / name)
 

@@ -2,7 +2,7 @@
 
 The evaluator takes any set of genomes and any subset of the pool's examples and makes
 one engine call for every (genome, example) pair it has not answered before. Answers
-are cached in a store keyed by (genome, example, context): the context fingerprints
+are cached in a store keyed by (genome, example, context): the answer context digests
 everything else that changes an answer (model, engine, clusters, decoding, judge), the
 example key includes a digest of its prompt and gold answer. With the run archive as
 the store, the cache outlives the process: a resumed run regenerates nothing.
@@ -78,7 +78,7 @@ def example_key(example: Example) -> str:
 
 
 def answer_context(settings: Mapping[str, object]) -> str:
-    """A short fingerprint of the settings that change an answer or its verdict."""
+    """The answer context: a short digest of the settings that change an answer or its verdict."""
     return hashlib.sha256(json.dumps(dict(settings), sort_keys=True).encode()).hexdigest()[:24]
 
 

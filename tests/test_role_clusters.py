@@ -1,5 +1,5 @@
 """Clusters by role (CONFIG_ROLE_CLUSTERS, compressor_2/clusters/roles.py): the rule, a build on a
-tokenizer the test makes, the fingerprint, and a resume with other roles refused."""
+tokenizer the test makes, the build digest, and a resume with other roles refused."""
 
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ def test_a_build_with_roles_puts_each_listed_token_in_its_role_and_the_rest_in_k
 def test_without_roles_the_build_is_todays(built) -> None:
     work, model = built
     config = cluster_config(work / "without", model, ROLE_CLUSTERS=False, NUM_CLUSTERS=3, PCA_COMPONENTS=4)
-    # The fingerprint's inputs are what they were before the option: nothing records it.
+    # The build digest's inputs are what they were before the option: nothing records it.
     assert set(config_inputs(config)) == {"format", "rules", "embedding_model", "pca_components", "num_clusters",
                                           "seed"}
     clusters = load_cluster_set(config)

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from compressor_2.clusters.special import strip_markers
 from compressor_2.config import Config
 
-# Bump when the rules below change: part of a role build's fingerprint (a build without
-# roles records none, so its fingerprint is what it always was).
+# Bump when the rules below change: part of a role build's build digest (a build
+# without roles records none, so its build digest is what it always was).
 ROLES_VERSION = "1"
 FIRST_ROLE_ID = 2  # after the EOS cluster "0" and the numbers cluster "1"
 

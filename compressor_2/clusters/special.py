@@ -39,7 +39,7 @@ import unicodedata
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-# Bump when the rules below change: it is part of the cluster fingerprint, so a
+# Bump when the rules below change: it is part of the build digest, so a
 # rule change rebuilds the clusters. 2: special and added tokens are unsteered.
 RULES_VERSION = "2"
 # Bump when the text a token is embedded as changes (`strip_markers`, and build.py's

@@ -39,7 +39,7 @@ from compressor_2.clusters.clusterset import ArtifactPaths
 from compressor_2.clusters.written import builds, why_not_writable, written_here
 from compressor_2.common import ConfigError, file_identity, file_kind, why_unwritable
 from compressor_2.config import Config
-from compressor_2.deltas import fingerprint_path
+from compressor_2.deltas import sidecar_path
 from compressor_2.model_digest import model_files
 
 SIDECAR = "the sidecar of CONFIG_INITIAL_DELTAS_PATH"
@@ -98,7 +98,7 @@ class Files:
             ("CONFIG_CLUSTER_DESCRIPTIONS_PATH", self.config.cluster_descriptions_path,
              "the file of CONFIG_CLUSTER_DESCRIPTIONS_PATH", False),
             ("CONFIG_INITIAL_DELTAS_PATH", initial, "the file of CONFIG_INITIAL_DELTAS_PATH", False),
-            (SIDECAR, fingerprint_path(initial), SIDECAR, True)) if builds(self.artifacts, path, sidecar))
+            (SIDECAR, sidecar_path(initial), SIDECAR, True)) if builds(self.artifacts, path, sidecar))
 
     @functools.cached_property
     def run_files(self) -> tuple[Entry, ...]:
@@ -189,7 +189,7 @@ class Files:
         if not initial.exists() or written_here(paths, paths.initial_deltas):
             # Written when absent (a dangling link included) or the build's own; a file the user
             # wrote there, or links to, is an input the build leaves alone.
-            written += [("CONFIG_INITIAL_DELTAS_PATH", initial, False), (SIDECAR, fingerprint_path(initial), True)]
+            written += [("CONFIG_INITIAL_DELTAS_PATH", initial, False), (SIDECAR, sidecar_path(initial), True)]
         for option, path, sidecar in written:
             # A deltas option may name the initial deltas (an option naming what a build writes
             # in another role was refused when the table was made).
@@ -252,8 +252,8 @@ def _inputs(config: Config, options: Mapping[str, Path | None]) -> tuple[Entry, 
         ("CONFIG_MODEL_PATH", Path(config.model_path), ""),
         ("CONFIG_CLUSTER_DESCRIPTIONS_PATH", config.cluster_descriptions_path, ""),
         ("CONFIG_INITIAL_DELTAS_PATH", config.initial_deltas_path, ""),
-        (SIDECAR, fingerprint_path(config.initial_deltas_path),
-         "the fingerprint sidecar of CONFIG_INITIAL_DELTAS_PATH"),
+        (SIDECAR, sidecar_path(config.initial_deltas_path),
+         "the cluster-map sidecar of CONFIG_INITIAL_DELTAS_PATH"),
         # A GGUF file is named by the path itself (above); a directory's files one by one.
         *(("CONFIG_MODEL_PATH", path, f"a file of the input CONFIG_MODEL_PATH ({path.name})")
           for path in model_files(config.model_path)),
@@ -278,6 +278,6 @@ def owned_files() -> frozenset[str]:
     shared = {
         ARCHIVE_FILE, f"{ARCHIVE_FILE}-wal", f"{ARCHIVE_FILE}-shm", f"{ARCHIVE_FILE}-journal", LOCK_FILE,
         HISTORY_FILE, TREE_FILE, TREE_PLOT, FITNESS_PLOT, LENGTHS_PLOT, FRONT_PLOT, REPORT_FILE, DELTAS_BEST,
-        PROCESSOR_BEST, fingerprint_path(Path(DELTAS_BEST)).name, LOG_NAME,
+        PROCESSOR_BEST, sidecar_path(Path(DELTAS_BEST)).name, LOG_NAME,
     }
     return frozenset(shared.union(*(load_strategy(name).FILES.names() for name in strategy_names())))

@@ -341,7 +341,7 @@ def _recorded(archive: RunArchive, stored: str) -> dict[str, str]:
 
 def _check_unrecorded(archive: RunArchive, config: Config, context: str) -> None:
     """What a run started before identities were recorded did record: its strategy and the
-    fingerprint of the settings that make an answer and its verdict."""
+    answer context (the digest of the settings that make an answer and its verdict)."""
     lines = []
     strategy = archive.meta("strategy")
     if strategy is not None and strategy != config.strategy:
@@ -349,7 +349,7 @@ def _check_unrecorded(archive: RunArchive, config: Config, context: str) -> None
     recorded = archive.meta("context")
     if recorded is not None and recorded != context:
         lines.append("the model, engine, clusters, CONFIG_MAX_NEW_TOKENS, CONFIG_TEMPERATURE, judge or tolerance "
-                     "(recorded as one fingerprint): changed since the run started")
+                     "(recorded as one answer context): changed since the run started")
     if lines:
         raise ConfigError(
             f"'{archive.path}' holds a run started with other settings, and a resume must not change them:",
