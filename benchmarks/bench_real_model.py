@@ -269,7 +269,7 @@ def read_run(spec: Spec) -> dict[str, Any]:
     """A run's six arms as its own verdict code pairs them, its status and its cost."""
     from compressor_2.archive import RunArchive
     from compressor_2.outputs import status
-    from compressor_2.findings import Claims, arm_results, read_record, standing
+    from compressor_2.findings import Claims, arm_results, read_tools_record, standing
 
     found: dict[str, Any] = {"name": spec.name, "variant": spec.variant, "strategy": spec.strategy,
                              "seed": spec.seed, **cost_of(spec), "arms": []}
@@ -278,7 +278,7 @@ def read_run(spec: Spec) -> dict[str, Any]:
         return {**found, "status": "not started"}
     archive = RunArchive.open_read_only(archive_path)
     try:
-        now, record = standing(archive), read_record(archive)
+        now, record = standing(archive), read_tools_record(archive)
         found["status"] = status(archive)
         if now.best is None or now.zeros is None or record is None:
             return found

@@ -12,7 +12,7 @@ import pytest
 
 from compressor_2.cli import main
 from compressor_2.clusters.build import build_clusters
-from compressor_2.clusters.clusterset import ArtifactPaths, config_inputs, load_cluster_set, read_record
+from compressor_2.clusters.clusterset import ArtifactPaths, config_inputs, load_cluster_set, read_build_record
 from compressor_2.clusters.roles import FIRST_ROLE_ID, ROLES, cluster_count, role_ids, role_of
 from compressor_2.common import ConfigError
 from tests.cluster_helpers import cluster_config
@@ -99,7 +99,7 @@ def test_without_roles_the_build_is_todays(built) -> None:
     clusters = load_cluster_set(config)
     assert clusters.cluster_ids == ("0", "1", "2", "3", "4")
     assert set(np.unique(clusters.token_clusters[2:])) <= {1, 2, 3, 4}
-    record = read_record(ArtifactPaths.from_config(config))
+    record = read_build_record(ArtifactPaths.from_config(config))
     assert record is not None and "roles" not in record["inputs"]
 
 

@@ -19,7 +19,7 @@ from compressor_2.data.prompt import INSTRUCTED
 from compressor_2.findings.claims import Arm
 from compressor_2.findings.confidence import compare
 from compressor_2.findings.simpler import (
-    EOS_EVALUATIONS, EOS_GRID, TOOLS_META, Tool, ToolRow, Tools, cap_for, eos_search, read_record, simpler_advice,
+    EOS_EVALUATIONS, EOS_GRID, TOOLS_META, Tool, ToolRow, Tools, cap_for, eos_search, read_tools_record, simpler_advice,
 )
 from tests.test_evolution_support import config_for, query, read_json, write_config
 
@@ -131,7 +131,7 @@ def test_the_eos_search_spends_at_most_its_evaluations_outside_the_budget(runs):
     _, on, _, _ = runs
     archive = RunArchive.open_read_only(on / "run.sqlite")
     try:
-        record = read_record(archive)
+        record = read_tools_record(archive)
         metric_calls = archive.metric_calls()
     finally:
         archive.close()
@@ -232,7 +232,7 @@ def test_a_record_a_hand_edit_broke_is_one_line_naming_the_row(tmp_path):
     try:
         archive.set_meta({TOOLS_META: '{"eos": [[1, 2, 3]], "eos_genome": "1.0", "cap": 3, "instruction": ""}'})
         with pytest.raises(ConfigError, match=f"table meta, row {TOOLS_META}: not what the simpler tools record"):
-            read_record(archive)
+            read_tools_record(archive)
     finally:
         archive.close()
 

@@ -158,12 +158,12 @@ def _candidate_problem(row: Sequence[Any], decoded: dict[str, float] | None) -> 
         if not isinstance(text, str):
             return f"{name} is {shown(text)}, not text"
     for name, (value, high) in scores.items():
-        if not score(value, high):
+        if not is_stored_score(value, high):
             return f"{name} is {shown(value)}, not a number {'in [0, 1]' if high == 1 else '>= 0'}"
     return None
 
 
-def score(value: Any, high: float) -> bool:
+def is_stored_score(value: Any, high: float) -> bool:
     """A stored score is absent (not assessed yet) or a number in [0, high]."""
     number = as_float(value)
     return value is None or (number is not None and 0 <= number <= high)
@@ -204,9 +204,9 @@ def check_result(row: Sequence[Any]) -> CheckResult:
     """A check_results row (split, genome, examples, mean tokens, correctness, fitness)."""
     _, _, examples, mean_tokens, correctness, fitness = row
     valid = {"examples": as_count(examples, MAX_ID + 1) is not None,
-             "mean_tokens": mean_tokens is not None and score(mean_tokens, math.inf),
-             "correctness": correctness is not None and score(correctness, 1.0),
-             "fitness": fitness is not None and score(fitness, 1.0)}
+             "mean_tokens": mean_tokens is not None and is_stored_score(mean_tokens, math.inf),
+             "correctness": correctness is not None and is_stored_score(correctness, 1.0),
+             "fitness": fitness is not None and is_stored_score(fitness, 1.0)}
     if bad := next((name for name, ok in valid.items() if not ok), None):
         raise RowError(f"{bad} is not a number in its range")
     return CheckResult(*row)

@@ -38,12 +38,12 @@ from compressor_2.clusters.clusterset import (
     build_digest_of,
     map_digest,
     read_cluster_set,
-    read_record,
+    read_build_record,
     record_problem,
 )
 from compressor_2.clusters.describe import describe_clusters, unsteered
 from compressor_2.clusters.embed import MAX_PIECES, embed_texts
-from compressor_2.clusters.layout import LOCK_FILE, UNSTEERED
+from compressor_2.clusters.layout import CLUSTER_LOCK_FILE, UNSTEERED
 from compressor_2.clusters.roles import FIRST_ROLE_ID, ROLES, Role, role_token_ids
 from compressor_2.clusters.special import EMBEDDED_TEXT_VERSION, number_token_ids, strip_markers
 from compressor_2.clusters.vocab import Vocabulary, load_vocabulary, tokenizer_files_digest
@@ -82,7 +82,7 @@ def build_clusters(config: Config, force: bool = False, later: list[Callable[[],
     lock = _directory_lock(paths.cluster_dir)
     fcntl.flock(lock, fcntl.LOCK_SH)  # waits while another process rebuilds
     files = tokenizer_files_digest(config.model_path)
-    record = read_record(paths)
+    record = read_build_record(paths)
     previous = record if not force and record_problem(record, paths) is None else None
     settings = previous is not None and changed_input(previous.get("inputs", {}), config_inputs(config)) is None
     writes: list[Callable[[], None]] = [] if later is None else later
@@ -118,12 +118,12 @@ def _directory_lock(directory: Path) -> int:
         directory.mkdir(parents=True, exist_ok=True)
         # Not through a link, and never blocking on a FIFO made there.
         try:
-            fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+            fd = os.open(directory / CLUSTER_LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
         except OSError as exc:
-            raise ConfigError(f"'{directory / LOCK_FILE}' cannot be opened ({exc.strerror}): remove it") from None
+            raise ConfigError(f"'{directory / CLUSTER_LOCK_FILE}' cannot be opened ({exc.strerror}): remove it") from None
         if not stat.S_ISREG(mode := os.fstat(fd).st_mode):
             os.close(fd)
-            raise ConfigError(f"'{directory / LOCK_FILE}' is {file_kind(mode)}, not a regular file: remove it")
+            raise ConfigError(f"'{directory / CLUSTER_LOCK_FILE}' is {file_kind(mode)}, not a regular file: remove it")
         _LOCKS[directory] = fd
     return _LOCKS[directory]
 

@@ -30,7 +30,7 @@ from compressor_2.clusters.layout import (
     BUILD_RECORD_FILE,
     KMEANS_FILE,
     LEDGER_FILE,
-    LOCK_FILE,
+    CLUSTER_LOCK_FILE,
     PCA_FILE,
     TOKEN_CLUSTERS_FILE,
 )
@@ -109,7 +109,7 @@ class ArtifactPaths:
     def own_files(self) -> tuple[Path, ...]:
         """Every file a build writes in the cluster directory under a name of its own."""
         return (self.embeddings, self.embeddings_key, self.pca, self.kmeans, self.token_clusters, self.record,
-                self.cluster_dir / LEDGER_FILE, self.cluster_dir / LOCK_FILE)
+                self.cluster_dir / LEDGER_FILE, self.cluster_dir / CLUSTER_LOCK_FILE)
 
 
 ROLES_INPUT = "roles"  # an input only with CONFIG_ROLE_CLUSTERS=y: a build without roles keeps its build digest
@@ -145,7 +145,7 @@ def file_sha256(path: Path) -> str | None:
         return None
 
 
-def read_record(paths: ArtifactPaths) -> dict[str, Any] | None:
+def read_build_record(paths: ArtifactPaths) -> dict[str, Any] | None:
     try:
         record = json.loads(paths.record.read_text(encoding="utf-8"))
     except (FileNotFoundError, json.JSONDecodeError):
@@ -207,7 +207,7 @@ def load_cluster_set(config: Config, paths: ArtifactPaths | None = None) -> Clus
     ConfigError (saying to run build-clusters) when they are missing, incomplete, or were
     built from other settings or another vocabulary."""
     paths = paths or ArtifactPaths.from_config(config)
-    record = read_record(paths)
+    record = read_build_record(paths)
     problem = record_problem(record, paths)
     if problem is None:
         assert record is not None

@@ -23,7 +23,7 @@ import json
 import re
 from pathlib import Path
 
-from compressor_2.clusters.clusterset import ArtifactPaths, file_sha256, read_record
+from compressor_2.clusters.clusterset import ArtifactPaths, file_sha256, read_build_record
 from compressor_2.clusters.layout import LEDGER_FILE
 from compressor_2.common import atomic_write_json
 
@@ -71,7 +71,7 @@ def _known(paths: ArtifactPaths, target: Path) -> set[str]:
     """The digests builds of this cluster directory wrote to `target`: claimed in the
     ledger, or recorded by a build from before it."""
     known = set(_ledger(paths).get(paths.key(target), []))
-    record = read_record(paths) or {}
+    record = read_build_record(paths) or {}
     hashes = record.get("sha256")
     if isinstance(hashes, dict) and isinstance(hashes.get(paths.key(target)), str):
         known.add(hashes[paths.key(target)])

@@ -40,7 +40,7 @@ from compressor_2.findings import (
     does_as_well,
     measured,
     points_claim,
-    read_record,
+    read_tools_record,
     refuse_emptied_heldout,
     refuse_lost,
     standing,
@@ -71,7 +71,7 @@ def front_table(archive: RunArchive, claims: Claims) -> str:
     under each, its claims against the baseline (paired on the same questions); then the
     simpler tools, once measured."""
     now = standing(archive)
-    refuse_lost(claims, measured(now, read_record(archive)))
+    refuse_lost(claims, measured(now, read_tools_record(archive)))
     refuse_emptied_heldout(archive, now)
     front = now.front()
     if not front:
@@ -100,7 +100,7 @@ def front_table(archive: RunArchive, claims: Claims) -> str:
 
 def simpler_lines(archive: RunArchive, claims: Claims, now: Standing) -> list[str]:
     """The simpler tools against the baseline, and against the best; none before they ran."""
-    record = read_record(archive)
+    record = read_tools_record(archive)
     if record is None or now.best is None or now.zeros is None:
         return []
     lines = ["", "the simpler tools, against the baseline (and the best) on the same questions:"]

@@ -13,7 +13,7 @@ from compressor_2.findings.confidence import (
 from compressor_2.findings.front import Point, affordable, affordable_bound, pareto_front
 from compressor_2.findings.simpler import (
     other_side_examples,
-    read_record,
+    read_tools_record,
     simpler_advice,
     simpler_options,
     tool_rows,
@@ -23,6 +23,6 @@ from compressor_2.findings.stop_oracle import Oracle, Summary, share_reached, st
 __all__ = ["BASELINE_ID", "HELDOUT", "LEVEL", "TRAINING", "Arm", "Checks", "Claims", "Measured", "Oracle", "Paired",
            "Point", "Standing", "Summary", "affordable", "affordable_bound", "arm_results", "arms_lines", "ci",
            "correctness_claim", "difference_in_words", "does_as_well", "measured", "other_side_examples", "p_text",
-           "pareto_front", "points_claim", "read_record", "refuse_emptied_heldout", "refuse_lost", "share_reached",
-           "simpler_advice", "simpler_options", "standing", "stop_oracle", "summarise", "summary_text", "tokens_change",
-           "tokens_claim", "tool_rows"]
+           "pareto_front", "points_claim", "read_tools_record", "refuse_emptied_heldout", "refuse_lost",
+           "share_reached", "simpler_advice", "simpler_options", "standing", "stop_oracle", "summarise", "summary_text",
+           "tokens_change", "tokens_claim", "tool_rows"]

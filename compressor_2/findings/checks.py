@@ -39,7 +39,9 @@ from compressor_2.findings.arms import arms_lines
 from compressor_2.findings.claims import HELDOUT, TRAINING, Arm, Claims
 from compressor_2.findings.confidence import Paired, correctness_claim, tokens_claim
 from compressor_2.findings.front import Point, pareto_front
-from compressor_2.findings.simpler import TOOLS_META, Measuring, Record, Simpler, Tools, read_record, simpler_line, tools
+from compressor_2.findings.simpler import (
+    TOOLS_META, Measuring, Simpler, Tools, ToolsRecord, read_tools_record, simpler_line, tools,
+)
 from compressor_2.findings.stop_oracle import Oracle, oracle_lines
 
 BASELINE_ID = 0  # the baseline's Point id when no candidate is the all-zero genome
@@ -122,7 +124,7 @@ class Measured:
     tool: bool = False  # one of the simpler tools' (their record vouches for it)
 
 
-def measured(now: Standing, record: Record | None) -> list[Measured]:
+def measured(now: Standing, record: ToolsRecord | None) -> list[Measured]:
     """What the outputs read of the answers, where the archive records them as made: the
     baseline (a candidate of the search or measured apart), the best and the front's
     candidates on the training pool (each assessed there: GEPA's on its valset, the others'
@@ -151,7 +153,7 @@ def measured(now: Standing, record: Record | None) -> list[Measured]:
 
 def lost_answers(claims: Claims, now: Standing) -> list[Measured]:
     """The answers the outputs read that the archive lost (rows of its answer tables deleted)."""
-    return [m for m in measured(now, read_record(claims.archive)) if claims.lost(m.arm, m.split)]
+    return [m for m in measured(now, read_tools_record(claims.archive)) if claims.lost(m.arm, m.split)]
 
 
 def refuse_lost(claims: Claims, read: Sequence[Measured]) -> None:
@@ -276,7 +278,7 @@ class Checks(Measuring):
                 lines.append(heldout_line(g, claim, self.simpler is not None and self.simpler.in_search))
             if self.oracle is not None:
                 lines += oracle_lines(claims, self.oracle, now.zeros, best)
-        record = read_record(self.archive) if self.simpler is not None else None
+        record = read_tools_record(self.archive) if self.simpler is not None else None
         if record is None:
             return lines
         line = simpler_line(claims, record, now.zeros, best)

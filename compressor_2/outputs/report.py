@@ -39,7 +39,7 @@ from compressor_2.findings import (
     difference_in_words,
     does_as_well,
     p_text,
-    read_record,
+    read_tools_record,
     simpler_advice,
     standing,
     tool_rows,
@@ -132,7 +132,7 @@ def render(archive: RunArchive, out: Path, pool: Sequence[Example], heldout: Seq
         lineage = [now.candidates[a] for a in archive.lineage().ancestors(now.best.id)] + [now.candidates[now.best.id]]
     zeros = Arm(now.zeros or "")
     best_arm = Arm(best_genome or "")
-    record = read_record(archive) if best_genome is not None and now.zeros is not None else None
+    record = read_tools_record(archive) if best_genome is not None and now.zeros is not None else None
     tools = tool_rows(claims, record, now.zeros or "", best_genome or "") if record is not None else []
     in_search = _recorded(archive, IN_SEARCH) not in ("", "n")  # the run's prompts carry the instruction
     arms_split, arms = ("", []) if record is None else arm_results(claims, record, now.zeros or "", best_genome or "")

@@ -92,7 +92,7 @@ class Move:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class MoveOutcome:
     generation: int
     cluster: str
     direction: int
@@ -123,11 +123,11 @@ def parse_moves(lines: Sequence[str]) -> list[Move]:
     return moves
 
 
-def parse_outcomes(lines: Sequence[str]) -> list[Outcome]:
+def parse_outcomes(lines: Sequence[str]) -> list[MoveOutcome]:
     outcomes = []
     for line in lines:
         if m := _OUTCOME.match(line):
-            outcomes.append(Outcome(int(m.group(1)), m.group(2), 1 if m.group(3) == "up" else -1,
+            outcomes.append(MoveOutcome(int(m.group(1)), m.group(2), 1 if m.group(3) == "up" else -1,
                                     m.group(4)))
     return outcomes
 
@@ -305,7 +305,7 @@ class LocalProposer:
             verdict = f"made no difference (fitness {now:.4f})"
         return step, f"g{request.generation}: moving cluster {move.cluster} {way} {verdict}."
 
-    def _direction(self, request: MutationRequest, memory: Outcome | None,
+    def _direction(self, request: MutationRequest, memory: MoveOutcome | None,
                    reading: Reading | None = None) -> tuple[int, str, float]:
         """(direction, reason, strength of the evidence): EOS and a lineage's memory are the
         strongest, a probe of an unseen cluster the weakest. With the stop oracle's evidence
@@ -325,7 +325,7 @@ class LocalProposer:
                        "lowered"), 0.0
         return direction, reason, strength
 
-    def _without_evidence(self, request: MutationRequest, memory: Outcome | None) -> tuple[int, str, float]:
+    def _without_evidence(self, request: MutationRequest, memory: MoveOutcome | None) -> tuple[int, str, float]:
         """The rules that read the answers alone (the module docstring)."""
         records = request.records
         correct = np.array([r.is_correct for r in records], dtype=bool)

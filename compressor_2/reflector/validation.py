@@ -87,7 +87,7 @@ def _json_object(reply: Reply) -> dict[str, Any]:
 
 def _shown(value: Any) -> str:
     """A refused value inside a rejection's reason: masked, then cut."""
-    return shown(value, limits.SHOWN_CHARS)
+    return shown(value, limits.REFUSED_VALUE_CHARS)
 
 
 def _scratchpad(data: Mapping[str, Any]) -> str:

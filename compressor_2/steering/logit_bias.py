@@ -22,15 +22,15 @@ import numpy as np
 from compressor_2.clusters.clusterset import ClusterSet, cluster_map_digest
 from compressor_2.common import ConfigError, atomic_write_text, check_readable_file, shown
 from compressor_2.deltas import (
+    PHASES_KEY,
     check_map_digest,
-    sidecar_path,
     load_deltas,
     recorded_map_digest,
+    sidecar_path,
     to_list,
     write_sidecar,
 )
 
-PHASES_KEY = "phases"  # a deltas file with several phases holds its vectors under it
 PHASES_REFUSAL = ("holds deltas by answer phase ({count} phases), and a logit_bias map is static: it cannot "
                   "change with the answer's phase. Export a one-phase run's candidate (CONFIG_DELTA_PHASES=1)")
 

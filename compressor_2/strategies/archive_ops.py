@@ -108,7 +108,7 @@ class Issue:
     cluster: str
 
 
-def is_refusal(answer: str) -> bool:
+def is_refusal_issue(answer: str) -> bool:
     text = answer.lower()
     return not any(ch.isdigit() for ch in text) and any(phrase in text for phrase in _REFUSAL)
 
@@ -151,7 +151,7 @@ def issues_of(records: Sequence[Record], gold_tokens: Mapping[str, int],
     for r in records:
         gold = max(gold_tokens[r.id], 1)
         if not r.is_correct:
-            kind = "refusal" if is_refusal(r.answer) else "cut_short" if r.tokens < gold else "wrong"
+            kind = "refusal" if is_refusal_issue(r.answer) else "cut_short" if r.tokens < gold else "wrong"
         elif r.tokens >= PADDED_RATIO * gold:
             kind = "padded"
         else:
