@@ -1,5 +1,5 @@
 """What a run did and spent, as it happened: its events (starts, interruptions, stops) and
-every reflector attempt (kind, tokens, latency, verdict)."""
+every reflector attempt (kind, tokens, latency, outcome)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ class RunLog:
                 "INSERT INTO reflector_calls (kind, candidate, parents, generation, attempt, prompt_tokens, "
                 "completion_tokens, latency, verdict, created) VALUES (?,?,?,?,?,?,?,?,?,?)",
                 (call.kind, call.candidate, json.dumps(list(call.parents)), call.generation, call.attempt,
-                 call.prompt_tokens, call.completion_tokens, call.latency, scrub(call.verdict), time.time()))
+                 call.prompt_tokens, call.completion_tokens, call.latency, scrub(call.outcome), time.time()))
 
     def reflector_tokens(self) -> tuple[int, int, int]:
         """(calls, prompt tokens, completion tokens) over the whole run; a count that is no

@@ -72,7 +72,7 @@ class CallRecord:
     prompt_tokens: int
     completion_tokens: int
     latency: float
-    verdict: str  # "accepted", or "rejected: " and why (the reflector_calls column of that name)
+    outcome: str  # "accepted", or "rejected: " and why (stored in the reflector_calls column `verdict`)
 
 
 class ReplyTally(NamedTuple):

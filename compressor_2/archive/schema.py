@@ -8,7 +8,7 @@ Tables:
 - `placements`: where a candidate stood in a strategy's structure (the GA's
   `g{g}_pop{i}` / `_pre` / `_mut` node ids), for the evolution tree;
 - `evaluations`: one answer per (genome, example, context), the evaluation cache;
-- `reflector_calls`: kind, candidate, tokens, latency and verdict of every attempt;
+- `reflector_calls`: kind, candidate, tokens, latency and outcome (`verdict`) of every attempt;
 - `selections`, `selection_rounds`: the GA's LLM selections per generation (candidate,
   category, reasoning) and the round's summary, or why it fell back;
 - `merges`: GEPA's merges: the two descendants, their common ancestor, which of them

@@ -249,7 +249,7 @@ def candidate_report(config: Config, archive: RunArchive, cid: int) -> str:
     calls = archive.calls_about(cid)
     if calls:
         lines += ["", "reflector calls about it:"] + [
-            f"  {c.kind} attempt {c.attempt}: {c.verdict} ({c.prompt_tokens}+{c.completion_tokens} tokens, "
+            f"  {c.kind} attempt {c.attempt}: {c.outcome} ({c.prompt_tokens}+{c.completion_tokens} tokens, "
             f"{c.latency:.2f}s)" for c in calls]
     lines += ["", *answers_side_by_side(config, archive, candidate)]
     return "\n".join(lines)

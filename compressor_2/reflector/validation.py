@@ -308,13 +308,13 @@ class ValidatingReflector:
             with self._lock:
                 del self._waiting[ticket]
 
-    def _finish(self, call: Call, attempt: int, messages: list[dict[str, str]], reply: Reply, verdict: str,
+    def _finish(self, call: Call, attempt: int, messages: list[dict[str, str]], reply: Reply, outcome: str,
                 latency: float) -> None:
         """One attempt done: to the prompt log and the archive."""
-        verdict = limits.note(verdict)
+        outcome = limits.note(outcome)
         if self.log is not None:
-            self.log.write(call.generation, call.kind, call.child, attempt, call.indices, messages, reply, verdict)
+            self.log.write(call.generation, call.kind, call.child, attempt, call.indices, messages, reply, outcome)
         if self.recorder is not None:
             self.recorder(CallRecord(call.kind, call.candidate, call.related, call.generation, attempt,
                                      reply.usage.prompt_tokens, reply.usage.completion_tokens, round(latency, 6),
-                                     verdict))
+                                     outcome))
