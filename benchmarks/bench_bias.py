@@ -52,7 +52,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from compressor_2.clusters.layout import FINGERPRINT_FILE, TOKEN_CLUSTERS_FILE
+from compressor_2.clusters.layout import BUILD_RECORD_FILE, TOKEN_CLUSTERS_FILE
 from compressor_2.steering.bias import add_bias, apply_bias, bias_matrix, gather_index
 from compressor_2.steering.phases import token_classes
 from compressor_2.steering.processor import SteeringProcessor, encode_cluster_map
@@ -138,7 +138,7 @@ def cluster_map(folder: Path, vocab: int, rng: np.random.Generator) -> Path:
     """A built map of `vocab` tokens in `folder`, as build-clusters leaves it."""
     folder.mkdir()
     np.save(folder / TOKEN_CLUSTERS_FILE, rng.integers(0, CLUSTERS, vocab).astype(np.int64))
-    (folder / FINGERPRINT_FILE).write_text(json.dumps({"fingerprint": "bench"}))
+    (folder / BUILD_RECORD_FILE).write_text(json.dumps({"fingerprint": "bench"}))
     return folder / TOKEN_CLUSTERS_FILE
 
 

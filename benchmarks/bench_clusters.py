@@ -6,7 +6,7 @@ Python standard library's source, so the run needs no download. Three runs of
 `python -m compressor_2 build-clusters` (each a fresh interpreter, as a user runs it):
 
   cold       empty cluster directory: decode, embed (all-MiniLM-L6-v2), PCA, k-means
-  warm       same inputs again: fingerprint check only
+  warm       same inputs again: build digest check only
   k changed  CONFIG_NUM_CLUSTERS changed: PCA and k-means again, embeddings reused
 
 Then one cold build of a synthetic Qwen-sized tokenizer: 151,643 distinct ordinary

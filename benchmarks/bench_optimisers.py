@@ -140,7 +140,7 @@ def anytime_curve(config: Any) -> list[tuple[int, float, dict[str, float]]]:
         try:
             evaluator = Evaluator(engine, make_judge(config), examples_from_config(config), config.lambda_shortness,
                                   config.lambda_correctness, config.shortness_scale, store=archive,
-                                  context=answer_context(answer_settings(config, clusters.fingerprint)))
+                                  context=answer_context(answer_settings(config, clusters.build_digest)))
             fitness = [e.fitness for e in evaluator.evaluate([to_list(c.deltas) for _, c in incumbents])]
         finally:
             engine.close()

@@ -6,9 +6,9 @@ with the figure only." in the preset, in every prompt), CONFIG_DELTA_PHASES (2: 
 the first complete figure; 3: the after phase split at the first line break after a figure),
 the clusters (the preset's k-means ones, or CONFIG_ROLE_CLUSTERS=y) and one hand-set delta per
 (phase, cluster) it moves, every other delta 0. Each arm is paired (95% CIs, exact McNemar p:
-verdict/confidence.py) against the model as it is (plain, no deltas) and, on the instructed
+findings/confidence.py) against the model as it is (plain, no deltas) and, on the instructed
 prompt, against the instruction alone; its tokens are set against the stop oracle's cut of its
-prompt (verdict/stop_oracle.py: each baseline answer cut at its shortest prefix the numeric
+prompt (findings/stop_oracle.py: each baseline answer cut at its shortest prefix the numeric
 judge accepts), and the issue's two targets are checked: instruction + steering <= 25.0 tokens
 with correctness not significantly below the instruction alone's, or steering alone <= 31.3
 tokens with correctness not significantly below the model as it is.
@@ -39,8 +39,8 @@ from bench_stop_oracle import (HELDOUT, PRESET, REPO, read_answers, seed_embeddi
 
 from compressor_2.clusters.roles import ROLES, role_ids  # noqa: E402
 from compressor_2.config import load_config  # noqa: E402
-from compressor_2.verdict import share_reached, stop_oracle, summarise  # noqa: E402
-from compressor_2.verdict.confidence import Paired, compare, does_as_well, identical  # noqa: E402
+from compressor_2.findings import share_reached, stop_oracle, summarise  # noqa: E402
+from compressor_2.findings.confidence import Paired, compare, does_as_well, identical  # noqa: E402
 
 EOS = "0"  # the end-of-sequence cluster, in every cluster set
 ROLE_NAMES = dict(zip(role_ids(), (role.name for role in ROLES)))  # the role clusters' ids (clusters/roles.py)

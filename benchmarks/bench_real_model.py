@@ -5,7 +5,7 @@ Runs the real-model preset (configs/smollm2.config: SmolLM2-135M-Instruct, the d
 plain prompt (CONFIG_INSTRUCTION_IN_SEARCH=n) and the instructed one (=y), with several seeds
 of the default strategy (GA) and one of GEPA (what docs/choosing-a-strategy.md recommends
 without an API key), then reads each run's archive through the run's own verdict code
-(verdict/arms.py over Claims) and writes the six-arm table: per run and arm, the held-out mean
+(findings/arms.py over Claims) and writes the six-arm table: per run and arm, the held-out mean
 tokens and correctness, their paired change against the model as it is with 95% CIs and the
 exact McNemar p, and for the arms whose prompts carry the instruction the change against the
 instruction alone.
@@ -269,7 +269,7 @@ def read_run(spec: Spec) -> dict[str, Any]:
     """A run's six arms as its own verdict code pairs them, its status and its cost."""
     from compressor_2.archive import RunArchive
     from compressor_2.outputs import status
-    from compressor_2.verdict import Claims, arm_results, read_record, standing
+    from compressor_2.findings import Claims, arm_results, read_tools_record, standing
 
     found: dict[str, Any] = {"name": spec.name, "variant": spec.variant, "strategy": spec.strategy,
                              "seed": spec.seed, **cost_of(spec), "arms": []}
@@ -278,7 +278,7 @@ def read_run(spec: Spec) -> dict[str, Any]:
         return {**found, "status": "not started"}
     archive = RunArchive.open_read_only(archive_path)
     try:
-        now, record = standing(archive), read_record(archive)
+        now, record = standing(archive), read_tools_record(archive)
         found["status"] = status(archive)
         if now.best is None or now.zeros is None or record is None:
             return found
@@ -336,13 +336,13 @@ def _against(p: dict[str, Any] | None) -> str:
 
 
 def _p(value: float) -> str:
-    from compressor_2.verdict import p_text
+    from compressor_2.findings import p_text
 
     return p_text(value).removeprefix("p=")
 
 
 def write_table(specs: list[Spec], args: argparse.Namespace) -> None:
-    from compressor_2.verdict import LEVEL
+    from compressor_2.findings import LEVEL
 
     runs = [read_run(spec) for spec in specs]
     questions = sorted({arm["vs_unsteered"]["questions"] for run in runs for arm in run["arms"]

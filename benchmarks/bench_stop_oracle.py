@@ -2,9 +2,9 @@
 
 Answers the held-out questions with `python -m compressor_2 evaluate` once per arm (an arm: a
 config variant and a delta vector), then reads every arm's answers through
-compressor_2/verdict/stop_oracle.py: each answer cut at its shortest prefix the numeric judge
+compressor_2/findings/stop_oracle.py: each answer cut at its shortest prefix the numeric judge
 accepts. Prints, per arm, its mean tokens and correctness paired against the model as it is
-(95% CIs, exact McNemar p: verdict/confidence.py), the oracle's tokens and correctness, the
+(95% CIs, exact McNemar p: findings/confidence.py), the oracle's tokens and correctness, the
 share of the oracle's cut the arm reaches, and where the cut tokens stand (before the first
 figure, in the figures' span, after the last) with their commonest clusters and tokens.
 
@@ -47,8 +47,8 @@ from compressor_2.archive import Answer  # noqa: E402 - after the path is set
 from compressor_2.common import atomic_write_json  # noqa: E402
 from compressor_2.config import Config, load_config  # noqa: E402
 from compressor_2.data import Example  # noqa: E402
-from compressor_2.verdict import share_reached, stop_oracle, summarise, summary_text  # noqa: E402
-from compressor_2.verdict.confidence import Paired, compare, identical  # noqa: E402
+from compressor_2.findings import share_reached, stop_oracle, summarise, summary_text  # noqa: E402
+from compressor_2.findings.confidence import Paired, compare, identical  # noqa: E402
 
 PRESET = REPO / "configs" / "smollm2.config"
 HELDOUT = REPO / "compressor_2" / "demo" / "data" / "heldout.jsonl"
@@ -123,12 +123,12 @@ def plan(args: argparse.Namespace) -> list[ArmSpec]:
 
 def seed_embeddings(base: Config, roles: Config) -> None:
     """The roles' cluster directory starts from the base's token embeddings (the same
-    vocabulary and embedding model: the build checks their fingerprint and reuses them),
+    vocabulary and embedding model: the build checks their embeddings key and reuses them),
     which spares minutes of embedding."""
-    from compressor_2.clusters.layout import EMBEDDINGS_FILE, EMBEDDINGS_FINGERPRINT_FILE
+    from compressor_2.clusters.layout import EMBEDDINGS_FILE, EMBEDDINGS_KEY_FILE
 
     roles.cluster_dir.mkdir(parents=True, exist_ok=True)
-    for name in (EMBEDDINGS_FILE, EMBEDDINGS_FINGERPRINT_FILE):
+    for name in (EMBEDDINGS_FILE, EMBEDDINGS_KEY_FILE):
         if (base.cluster_dir / name).is_file() and not (roles.cluster_dir / name).exists():
             shutil.copyfile(base.cluster_dir / name, roles.cluster_dir / name)
 

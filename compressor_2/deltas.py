@@ -30,7 +30,7 @@ MAX_PHASES = 3  # CONFIG_DELTA_PHASES' range
 
 
 def canonical_ids(ids: Iterable[str]) -> list[str]:
-    """Seed 000 §1: numeric order of the cluster ids; genome ids of several phases phase-major."""
+    """Numeric order of the cluster ids (the canonical order); genome ids of several phases phase-major."""
     return sorted(ids, key=_order)
 
 
@@ -189,23 +189,23 @@ def to_dict(values: Sequence[float], ids: Sequence[str]) -> Deltas:
     return {cid: float(v) for cid, v in zip(ids, values)}
 
 
-def fingerprint_path(deltas_path: Path) -> Path:
+def sidecar_path(deltas_path: Path) -> Path:
     """The sidecar that records which clusters a deltas file was made for: the deltas file
     itself holds only deltas."""
     return deltas_path.with_name(deltas_path.stem + ".clusters.json")
 
 
-def write_fingerprint(deltas_path: Path, fingerprint: str) -> None:
-    """`fingerprint`: the clusters' `cluster_map_digest`."""
+def write_sidecar(deltas_path: Path, map_digest: str) -> None:
+    """`map_digest`: the clusters' `cluster_map_digest`."""
     from compressor_2.common import atomic_write_json
 
-    atomic_write_json(fingerprint_path(deltas_path), {"cluster_map": fingerprint})
+    atomic_write_json(sidecar_path(deltas_path), {"cluster_map": map_digest})
 
 
-def recorded_fingerprint(deltas_path: Path, override: str = "pass --force") -> str | None:
+def recorded_map_digest(deltas_path: Path, override: str = "pass --force") -> str | None:
     """The clusters' digest the sidecar of `deltas_path` records, None without a sidecar;
     a sidecar that is unreadable or malformed is refused, naming `override`."""
-    sidecar = fingerprint_path(deltas_path)
+    sidecar = sidecar_path(deltas_path)
     if not sidecar.is_file():
         return None
     try:
@@ -222,18 +222,18 @@ def recorded_fingerprint(deltas_path: Path, override: str = "pass --force") -> s
     return recorded
 
 
-def check_fingerprint(deltas_path: Path, fingerprint: str, force: bool, override: str = "pass --force") -> None:
-    """Refuses deltas recorded for other clusters than `fingerprint` (unless `force`): the
+def check_map_digest(deltas_path: Path, map_digest: str, force: bool, override: str = "pass --force") -> None:
+    """Refuses deltas recorded for other clusters than `map_digest` (unless `force`): the
     same cluster ids would steer other tokens. A file without a record is not checked.
     `override`: how the caller's user uses such deltas anyway."""
     if force:
         return
-    recorded = recorded_fingerprint(deltas_path, override)
+    recorded = recorded_map_digest(deltas_path, override)
     if recorded is None:
         return
-    sidecar = fingerprint_path(deltas_path)
-    if recorded != fingerprint:
+    sidecar = sidecar_path(deltas_path)
+    if recorded != map_digest:
         raise ConfigError(f"'{deltas_path}' was made for clusters {recorded[:12]} ({sidecar.name} says so), but the "
-                          f"current clusters are {fingerprint[:12]}: the same ids would steer other tokens. Build the "
+                          f"current clusters are {map_digest[:12]}: the same ids would steer other tokens. Build the "
                           "clusters it was made for (the same model, CONFIG_NUM_CLUSTERS, CONFIG_PCA_COMPONENTS and "
                           f"CONFIG_CLUSTER_SEED), or {override}")

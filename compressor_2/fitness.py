@@ -1,14 +1,14 @@
-"""Fitness of delta vectors on training examples (seed 000 §1), per example and cached.
+"""Fitness of delta vectors on training examples, per example and cached.
 
 The evaluator takes any set of genomes and any subset of the pool's examples and makes
 one engine call for every (genome, example) pair it has not answered before. Answers
-are cached in a store keyed by (genome, example, context): the context fingerprints
+are cached in a store keyed by (genome, example, context): the answer context digests
 everything else that changes an answer (model, engine, clusters, decoding, judge), the
 example key includes a digest of its prompt and gold answer. With the run archive as
 the store, the cache outlives the process: a resumed run regenerates nothing.
 
 Quantities:
-- aggregate fitness (seed 000, unchanged): `lambda_s * shortness(mean tokens) +
+- aggregate fitness: `lambda_s * shortness(mean tokens) +
   lambda_c * correctness`, with `shortness(t) = 1 / (1 + t / scale)`;
 - per-example score, for strategies that compare candidates example by example:
   `s_i = lambda_s / (1 + tokens_i / scale) + lambda_c * correct_i`.
@@ -78,7 +78,7 @@ def example_key(example: Example) -> str:
 
 
 def answer_context(settings: Mapping[str, object]) -> str:
-    """A short fingerprint of the settings that change an answer or its verdict."""
+    """The answer context: a short digest of the settings that change an answer or its verdict."""
     return hashlib.sha256(json.dumps(dict(settings), sort_keys=True).encode()).hexdigest()[:24]
 
 

@@ -21,7 +21,7 @@ import httpx
 import numpy as np
 import pytest
 
-from compressor_2.clusters.clusterset import FINGERPRINT_FILE, ClusterSet
+from compressor_2.clusters.clusterset import BUILD_RECORD_FILE, ClusterSet
 from compressor_2.config import Config, load_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -149,7 +149,7 @@ def chat_model(model_dir: Path, target: Path, *, adds_bos: bool) -> Path:
 
 def probe_clusters(model_dir: Path, folder: Path) -> ClusterSet:
     """Three clusters over the model's tokenizer: 0 holds EOS only, 1 and 2 the even and odd
-    ids of everything else; the map saved in `folder` with its fingerprint file."""
+    ids of everything else; the map saved in `folder` with its build record."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -157,8 +157,8 @@ def probe_clusters(model_dir: Path, folder: Path) -> ClusterSet:
     token_clusters[tokenizer.eos_token_id] = 0
     path = folder / "token_clusters.npy"
     np.save(path, token_clusters)
-    # The processor checks the map on the server against the fingerprint the client sends.
-    (folder / FINGERPRINT_FILE).write_text(json.dumps({"fingerprint": "test"}))
+    # The processor checks the map on the server against the build digest the client sends.
+    (folder / BUILD_RECORD_FILE).write_text(json.dumps({"fingerprint": "test"}))
     descriptions = {cid: {"description": f"cluster {cid}"} for cid in ("0", "1", "2")}
     return ClusterSet(cluster_ids=("0", "1", "2"), token_clusters=token_clusters,
-                      token_clusters_path=path.resolve(), descriptions=descriptions, fingerprint="test")
+                      token_clusters_path=path.resolve(), descriptions=descriptions, build_digest="test")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from compressor_2.archive import Answer, CallRecord, Candidate, Placement, RunArchive, Spot, genome_key
+from compressor_2.archive import Answer, CallRecord, Candidate, Placement, ReplyTally, RunArchive, Spot, genome_key
 from compressor_2.common.errors import ConfigError, RunError
 from compressor_2.strategies import load_strategy
 
@@ -72,6 +72,17 @@ def test_rollback_forgets_an_interrupted_step_but_keeps_answers_and_calls(archiv
     # The next candidate takes the forgotten one's id again.
     assert archive.add([candidate(0.7, "mutation", (3,), 1)])[0].id == 4
     assert archive.integrity() == "ok"
+
+
+def test_the_reply_tally_counts_the_calls_after_a_boundary_and_names_the_last_rejection(archive):
+    family(archive)
+    for outcome in ("accepted", "rejected: delta is 'up', not a number", "rejected: equal to the current value"):
+        archive.record_call(CallRecord("mutation", 4, (), 1, 1, 10, 2, 0.1, outcome))
+    assert archive.reply_tally() == ReplyTally(3, 3, 1, "equal to the current value")
+    assert archive.reply_tally(after=1) == ReplyTally(newest=3, calls=2, accepted=0,
+                                                     last_rejection="equal to the current value")
+    assert archive.reply_tally(after=3) == ReplyTally(3, 0, 0, "")
+    assert [c.outcome for c in archive.calls_about(4)][0] == "accepted"
 
 
 def test_one_call_admits_a_steps_candidates_with_their_placements(archive):

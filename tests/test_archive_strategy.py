@@ -1,4 +1,4 @@
-"""Seed 003's weighted candidate archive: its arithmetic on hand-computed cases, then the
+"""The weighted candidate archive strategy: its arithmetic on hand-computed cases, then the
 strategy end to end on the tiny model (outputs, the post-check, `show`, resume)."""
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ def test_an_offline_archive_run_writes_every_output(tmp_path, shared, tiny_model
 @pytest.mark.slow
 def test_an_issue_batch_is_drawn_once_per_parent_and_names_the_clusters_moved(tmp_path, shared_eight_clusters,
                                                                              tiny_model_dir, monkeypatch):
-    """Seed 003: each parent's generators share one issue batch, of one type; the cluster
+    """Each parent's generators share one issue batch, of one type; the cluster
     generator moves the cluster the batch names, any of the 8 (not only EOS or numbers)."""
     seen: dict[tuple[int, int], list[tuple[str, tuple[str, ...], str | None]]] = {}
 
@@ -210,7 +210,7 @@ def test_an_issue_batch_is_drawn_once_per_parent_and_names_the_clusters_moved(tm
 
 @pytest.mark.slow
 def test_only_viable_candidates_become_parents(tmp_path, shared, tiny_model_dir, monkeypatch, capsys):
-    """Seed 003's isViable: correctness at least CONFIG_ARCHIVE_MIN_CORRECTNESS (0.9) of the
+    """Viability: correctness at least CONFIG_ARCHIVE_MIN_CORRECTNESS (0.9) of the
     seed candidate's. The tiny model's answers are never correct, so the test plants what
     viability is about: the seed is recorded 100% correct, and a member far fitter than
     any other but 50% correct joins it. The quality sigmoid would draw that member nearly

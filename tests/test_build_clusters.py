@@ -25,7 +25,7 @@ from tests.conftest import REPO
 
 
 def _mtimes(paths: ArtifactPaths) -> dict[str, int]:
-    files = (*paths.built(), paths.embeddings_fingerprint, paths.record, paths.initial_deltas)
+    files = (*paths.built(), paths.embeddings_key, paths.record, paths.initial_deltas)
     return {p.name: p.stat().st_mtime_ns for p in files}
 
 
@@ -73,18 +73,18 @@ def test_artifacts(built: Config, tiny_model_dir: Path) -> None:
     assert clusters.cluster_ids == ("0", "1", "2", "3", "4")
     assert clusters.token_clusters_path == paths.token_clusters and clusters.token_clusters_path.is_absolute()
     assert (clusters.token_clusters == token_clusters).all()
-    assert clusters.fingerprint == json.loads(paths.record.read_text())["fingerprint"]
+    assert clusters.build_digest == json.loads(paths.record.read_text())["fingerprint"]
 
 
 @pytest.mark.slow
 def test_warm_rerun_is_a_no_op(built: Config, capsys: pytest.CaptureFixture[str]) -> None:
     paths = ArtifactPaths.from_config(built)
     before = _mtimes(paths)
-    fingerprint = load_cluster_set(built).fingerprint
+    digest = load_cluster_set(built).build_digest
     capsys.readouterr()
     clusters = build_clusters(built)
     assert _mtimes(paths) == before
-    assert clusters.fingerprint == fingerprint
+    assert clusters.build_digest == digest
     out = capsys.readouterr().out
     assert out.count("\n") == 1 and "up to date" in out
 
@@ -125,7 +125,7 @@ def test_a_change_of_the_cluster_rules_alone_reuses_the_embeddings(tmp_path: Pat
         monkeypatch.setattr(f"{module}.RULES_VERSION", "a later one", raising=False)
     capsys.readouterr()
     second = build_clusters(config)
-    assert second.fingerprint != first.fingerprint
+    assert second.build_digest != first.build_digest
     assert "embeddings reused" in capsys.readouterr().out
     assert _mtimes(ArtifactPaths.from_config(config))["embeddings.npy"] == before["embeddings.npy"]
 
@@ -148,7 +148,7 @@ def test_changed_input_rebuilds_reusing_embeddings(tmp_path: Path, tiny_model_di
     after = _mtimes(paths)
     assert after["embeddings.npy"] == before["embeddings.npy"]
     assert after["token_clusters.npy"] != before["token_clusters.npy"]
-    assert second.fingerprint != first.fingerprint and second.cluster_ids == tuple("012345")
+    assert second.build_digest != first.build_digest and second.cluster_ids == tuple("012345")
     # The zero file an earlier build wrote follows the new cluster ids ...
     assert json.loads(paths.initial_deltas.read_text()) == {c: 0.0 for c in "012345"}
 
@@ -161,7 +161,7 @@ def test_changed_input_rebuilds_reusing_embeddings(tmp_path: Path, tiny_model_di
 
     # force rebuilds with unchanged inputs.
     before = _mtimes(paths)
-    assert build_clusters(mine, force=True).fingerprint == load_cluster_set(mine).fingerprint
+    assert build_clusters(mine, force=True).build_digest == load_cluster_set(mine).build_digest
     assert _mtimes(paths)["token_clusters.npy"] != before["token_clusters.npy"]
 
 

@@ -1,5 +1,5 @@
-"""Paired confidence (compressor_2/verdict/confidence.py) and the claims read from a run archive
-(compressor_2/verdict/claims.py): a hand-built archive whose paired verdicts are known gives the
+"""Paired confidence (compressor_2/findings/confidence.py) and the claims read from a run archive
+(compressor_2/findings/claims.py): a hand-built archive whose paired verdicts are known gives the
 intervals and p-values scipy gives computed directly, the same on every run."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from compressor_2.archive import Answer, CheckStore, RunArchive, genome_key
 from compressor_2.data.example import Example
 from compressor_2.data.prompt import instructed
 from compressor_2.fitness import example_key
-from compressor_2.verdict.claims import HELDOUT, TRAINING, Arm, Claims, cap_context
-from compressor_2.verdict.confidence import (
+from compressor_2.findings.claims import HELDOUT, TRAINING, Arm, Claims, cap_context
+from compressor_2.findings.confidence import (
     RESAMPLES, SEED, compare, correctness_claim, does_as_well, mcnemar_exact, mean_change_interval, newcombe_paired,
-    tokens_claim, verdict, wilson,
+    tokens_claim, difference_in_words, wilson,
 )
 
 
@@ -45,7 +45,7 @@ def test_no_disagreeing_pair_does_not_rule_out_a_loss():
     low, high = newcombe_paired(20, 0, 0, 0)
     assert low < -0.15 and high > 0.15 and low == pytest.approx(-high)
     p = compare([(30, True)] * 20, [(10, True)] * 20)
-    assert p.difference == 0 and p.p_value == 1 and verdict(p) == "no significant difference"
+    assert p.difference == 0 and p.p_value == 1 and difference_in_words(p) == "no significant difference"
     assert p.drop_bound > 0.15
 
 
@@ -68,14 +68,14 @@ def test_the_bootstrap_is_scipys_paired_bootstrap_with_the_fixed_seed_and_reprod
 def test_the_words_say_what_the_interval_and_the_test_say():
     reference = [(30, True)] * 200
     loss = compare(reference, [(9, True)] * 180 + [(9, False)] * 20)
-    assert verdict(loss) == "a significant loss" and loss.high < 0 and loss.p_value < 0.05
+    assert difference_in_words(loss) == "a significant loss" and loss.high < 0 and loss.p_value < 0.05
     small = compare(reference[:198] + [(30, False)] * 2, [(9, True)] * 196 + [(10, False)] * 4)
     assert correctness_claim(small).startswith("98.0% correct, -1.0 points (95% CI ")
     assert "no significant loss, McNemar p=" in correctness_claim(small)
     assert tokens_claim(small).startswith("9.0 tokens (-70%; -21.0 an answer, 95% CI ")
     # Five questions lost and none won: the interval excludes 0, the exact test (p = 1/16) does not.
     borderline = compare([(30, True)] * 64, [(9, True)] * 59 + [(9, False)] * 5)
-    assert borderline.high < 0 and borderline.p_value > 0.05 and verdict(borderline) == "a borderline loss"
+    assert borderline.high < 0 and borderline.p_value > 0.05 and difference_in_words(borderline) == "a borderline loss"
 
 
 def test_does_as_well_means_neither_surely_longer_nor_surely_less_correct():

@@ -118,12 +118,12 @@ def test_the_direct_answer_quotes_the_lines_asked_about() -> None:
 
 
 def test_training_rows_are_the_chat_prompt_then_the_answer_and_eos() -> None:
-    from compressor_2.demo.train import answer_rows, encode_rows, render_prompt, train_tokenizer
+    from compressor_2.demo.train import answer_segments, encode_rows, render_prompt, train_tokenizer
 
     pairs = [("Evidence:\nRevenue: $12 million\n\nQuestion: What was revenue?", "$12 million"),
              ("Evidence:\nGross margin: 1.9%\n\nQuestion: What was the gross margin?", "It was 1.9%.")]
     tokenizer = train_tokenizer([text for pair in pairs for text in pair] * 5, 300)
-    ids, labels = encode_rows(tokenizer, answer_rows(tokenizer, pairs))
+    ids, labels = encode_rows(tokenizer, answer_segments(tokenizer, pairs))
     for row, (prompt, answer) in enumerate(pairs):
         # Exactly what the engine sends: the chat template's rendering, tokenized alone.
         prompt_ids = tokenizer(render_prompt(tokenizer, prompt), add_special_tokens=False)["input_ids"]
@@ -154,7 +154,7 @@ def test_look_up_rows_train_only_the_values_after_their_line_labels() -> None:
 def test_answer_loss_is_the_models_own_loss() -> None:
     import torch
 
-    from compressor_2.demo.train import (TrainSettings, TrainingStream, answer_loss, answer_rows,
+    from compressor_2.demo.train import (TrainSettings, TrainingStream, answer_loss, answer_segments,
                                          build_model, encode_rows, train_tokenizer)
 
     stream = TrainingStream(seed=0)
@@ -162,7 +162,7 @@ def test_answer_loss_is_the_models_own_loss() -> None:
     tokenizer = train_tokenizer([text for pair in pairs for text in pair], 700)
     torch.manual_seed(0)
     model = build_model(TrainSettings(hidden_size=32, layers=1, heads=2, intermediate_size=64), tokenizer)
-    ids, labels = encode_rows(tokenizer, stream.recalls(2) + answer_rows(tokenizer, pairs[:3]))
+    ids, labels = encode_rows(tokenizer, stream.recalls(2) + answer_segments(tokenizer, pairs[:3]))
     torch.testing.assert_close(answer_loss(model, ids, labels), model(input_ids=ids, labels=labels).loss)
 
 

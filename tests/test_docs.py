@@ -121,7 +121,7 @@ def test_readme_shows_the_two_commands():
     ("heading", "anchor"),
     [
         ("Outputs (in `CONFIG_OUTPUT_DIR`)", "outputs-in-config_output_dir"),
-        ("GEPA (seed 004): `CONFIG_STRATEGY_GEPA=y`", "gepa-seed-004-config_strategy_gepay"),
+        ("GEPA (a strategy): `CONFIG_STRATEGY_GEPA=y`", "gepa-a-strategy-config_strategy_gepay"),
         ("Ctrl+C and resume", "ctrlc-and-resume"),
         ("Why 127.0.0.1 by default", "why-127001-by-default"),
         ("The real setup (GPU, SGLang, FinanceBench, an OpenAI-compatible reflector)",

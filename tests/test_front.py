@@ -1,8 +1,8 @@
-"""The tokens-versus-correctness front's arithmetic (compressor_2/verdict/front.py)."""
+"""The tokens-versus-correctness front's arithmetic (compressor_2/findings/front.py)."""
 
 from __future__ import annotations
 
-from compressor_2.verdict.front import Point, affordable, dominates, pareto_front
+from compressor_2.findings.front import Point, affordable, dominates, pareto_front
 
 
 def p(cid: int, tokens: float, correctness: float) -> Point:
@@ -37,7 +37,7 @@ def test_the_affordable_candidate_is_the_shortest_within_the_drop_counting_one_e
 
 
 def test_on_held_out_bounds_the_fewest_held_out_tokens_within_the_drop_is_chosen():
-    from compressor_2.verdict.front import affordable_bound
+    from compressor_2.findings.front import affordable_bound
 
     # (point on the pool, held-out tokens, upper bound of the held-out drop)
     checked = [(p(4, 8, 0.95), 8.5, 0.09), (p(6, 10, 0.985), 9.0, 0.031), (p(3, 12, 0.99), 11.0, 0.02),

@@ -19,7 +19,7 @@ from compressor_2.data.example import Example
 from compressor_2.data.financebench import examples_from_config, holdout_examples
 from compressor_2.fitness import example_key
 from compressor_2.outputs.report import render
-from compressor_2.verdict.checks import BASELINE_ID, training_baseline
+from compressor_2.findings.checks import BASELINE_ID, training_baseline
 from tests.test_evolution_support import config_for, interrupted, query, read_json, write_config
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Seed 004's GEPA proposers: the Pareto arithmetic on hand-built states checked against
+"""GEPA's proposers: the Pareto arithmetic on hand-built states checked against
 values worked out by hand, then the strategy end to end on the tiny model (budget,
 resume, outputs)."""
 
@@ -252,7 +252,7 @@ def test_a_gepa_run_interrupted_mid_iteration_resumes_to_the_same_end(tmp_path, 
 @pytest.mark.slow
 def test_a_kept_child_continues_its_parents_round_robin(tmp_path, shared_eight_clusters, tiny_model_dir,
                                                         monkeypatch):
-    """Seed 004 (GEPA's update_state_with_new_program): a new candidate takes its parents'
+    """As GEPA's update_state_with_new_program does, a new candidate takes its parents'
     round-robin position, the highest among them, instead of starting again at cluster 0.
     The GEPA loop runs on the real services of `evolve`, with 8 clusters (ids 0..7)."""
     import compressor_2.commands.evolve
@@ -281,7 +281,7 @@ def test_a_kept_child_continues_its_parents_round_robin(tmp_path, shared_eight_c
 @pytest.mark.slow
 def test_a_resumed_sampling_gepa_run_recomputes_the_best_from_its_resampled_valset(tmp_path, shared,
                                                                                    tiny_model_dir, capsys):
-    """Seed 000 §2 for GEPA: with CONFIG_TEMPERATURE > 0 a resume samples the pool's valset
+    """For GEPA too: with CONFIG_TEMPERATURE > 0 a resume samples the pool's valset
     answers afresh; the stored best (the archive's recorded aggregate) stays unless a
     re-scored member beats it, and then the archive records the new best. The recorded
     aggregates are set to the maximum, then to 0, so the outcome does not depend on the

@@ -23,7 +23,7 @@ def test_another_evolution_seed_keeps_the_clusters(tmp_path, shared, tiny_model_
     capsys.readouterr()
     again = build_clusters(config_for(tmp_path, shared, tiny_model_dir, SEED="7"))
     assert "clusters up to date" in capsys.readouterr().out
-    assert again.fingerprint == first.fingerprint
+    assert again.build_digest == first.build_digest
 
 
 def test_deltas_for_other_clusters_are_refused_unless_forced(tmp_path, shared, tiny_model_dir, capsys):
@@ -95,7 +95,7 @@ def test_a_run_on_other_clusters_does_not_rebuild_a_directory_in_use(tmp_path, s
 
 def test_initial_deltas_from_another_cluster_build_are_refused(tmp_path, shared, tiny_model_dir, capsys):
     """Issue P, item 7: build-clusters gives the all-zero initial deltas it writes the same
-    fingerprint sidecar as deltas_best.json, and `evolve` refuses initial deltas made for
+    sidecar (its cluster map digest) as deltas_best.json, and `evolve` refuses initial deltas made for
     other clusters (here: the same ids, from a build with another CLUSTER_SEED) before any
     work, as `evaluate` and `generate-processor` refuse such deltas."""
     from compressor_2.clusters.clusterset import cluster_map_digest

@@ -1556,7 +1556,7 @@ def test_a_copied_model_resumes_the_run_on_its_clusters_and_answers(tmp_path, sh
                                                                      capsys):
     """Item 4: the same model in another directory is the same model: the resumed run
     reuses the clusters without a rebuild (fingerprint.json byte for byte: a processor
-    steering by reference holds its fingerprint) and the answers cached under the context
+    steering by reference holds its build digest) and the answers cached under the context
     the run recorded."""
     scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted, lambda strategy: uninterrupted)
     clusters = scene.clusters_copy()
@@ -1573,11 +1573,11 @@ def test_a_copied_model_resumes_the_run_on_its_clusters_and_answers(tmp_path, sh
     assert json.loads((out / STATE).read_text(encoding="utf-8"))["generation"] == int(RESUMED_NGEN)
 
 
-def test_a_set_recorded_with_the_model_path_keeps_its_fingerprint(tmp_path, shared, tiny_model_dir, uninterrupted,
+def test_a_set_recorded_with_the_model_path_keeps_its_build_digest(tmp_path, shared, tiny_model_dir, uninterrupted,
                                                                   capsys):
     """Item 4, for the clusters users have: a set built when the model's path was an input
-    (its record names the path, its fingerprint hashed it) is taken as it is, wherever the
-    model lies now: no rebuild, and the fingerprint deployed processors hold is kept."""
+    (its record names the path, its build digest hashed it) is taken as it is, wherever the
+    model lies now: no rebuild, and the build digest deployed processors hold is kept."""
     from compressor_2.clusters.build import build_clusters
     from tests.test_evolution_support import config_for
 
@@ -1589,7 +1589,7 @@ def test_a_set_recorded_with_the_model_path_keeps_its_fingerprint(tmp_path, shar
     path.write_text(json.dumps(record))
     model = Path(shutil.copytree(tiny_model_dir, tmp_path / "model"))
     capsys.readouterr()
-    assert build_clusters(config_for(tmp_path, shared, model, **clusters)).fingerprint == "f" * 64
+    assert build_clusters(config_for(tmp_path, shared, model, **clusters)).build_digest == "f" * 64
     assert "clusters up to date" in capsys.readouterr().out
     assert json.loads(path.read_text(encoding="utf-8")) == record
 
@@ -1687,7 +1687,7 @@ INPUTS = [
     Input("the initial deltas", in_clusters("initial_deltas.json", "INITIAL_DELTAS_PATH"),
           "the input CONFIG_INITIAL_DELTAS_PATH"),
     Input("the initial deltas' sidecar", in_clusters("initial_deltas.clusters.json", "INITIAL_DELTAS_PATH"),
-          "the fingerprint sidecar of CONFIG_INITIAL_DELTAS_PATH", report=False),
+          "the cluster-map sidecar of CONFIG_INITIAL_DELTAS_PATH", report=False),
     Input("the config", lambda s, where: (where or s.work / "test.config", {}), r"the config file \(--config\)"),
 ]
 

@@ -17,7 +17,7 @@ from compressor_2.clusters.build import build_clusters
 from compressor_2.clusters.clusterset import cluster_map_digest, load_cluster_set
 from compressor_2.common.errors import ConfigError
 from compressor_2.config import load_config
-from compressor_2.deltas import fingerprint_path, to_list
+from compressor_2.deltas import sidecar_path, to_list
 from compressor_2.steering.logit_bias import export_logit_bias, logit_bias, read_logit_bias, refuse_phases
 from tests.logit_bias_helpers import interrupted_evolve, logit_bias_server
 from tests.test_evolution_support import config_for, read_json, write_config
@@ -77,7 +77,7 @@ def test_export_writes_the_map_of_the_candidates_deltas_with_the_cluster_maps_di
     assert np.array_equal(np.float32(list(written.values())), np.float32(list(expected.values())))
     assert set(map(int, written)) == set(np.flatnonzero(clusters.token_clusters == 0).tolist())  # only cluster 0 moves
     digest = cluster_map_digest(clusters)
-    assert json.loads(fingerprint_path(out / "logit_bias_candidate_5.json").read_text()) == {"cluster_map": digest}
+    assert json.loads(sidecar_path(out / "logit_bias_candidate_5.json").read_text()) == {"cluster_map": digest}
     assert f"wrote {out / 'logit_bias_candidate_5.json'}: {len(written)} of " in printed
     assert not (out / "processor_candidate_5.py").exists()
     vocab = len(clusters.token_clusters)

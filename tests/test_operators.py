@@ -1,4 +1,4 @@
-"""The GA's pure operators and the selection rules of seed 000 §2."""
+"""The GA's pure operators and its selection rules."""
 
 from __future__ import annotations
 

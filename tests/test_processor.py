@@ -22,7 +22,7 @@ import torch
 
 from compressor_2.clusters.build import build_clusters
 from compressor_2.clusters.clusterset import ClusterSet
-from compressor_2.clusters.layout import FINGERPRINT_FILE, UNSTEERED
+from compressor_2.clusters.layout import BUILD_RECORD_FILE, UNSTEERED
 from compressor_2.common.errors import ConfigError
 from compressor_2.config import Config
 from compressor_2.steering.bias import apply_bias, gather_index
@@ -41,14 +41,14 @@ VOCAB, CLUSTERS, WIDTH = 50, 5, 64
 CLASSES = np.random.default_rng(5).choice([OTHER, DIGIT, JOIN, NEWLINE], VOCAB, p=[.4, .3, .2, .1]).astype(np.int8)
 
 
-def _cluster_set(folder: Path, fingerprint: str = "fp-1") -> ClusterSet:
+def _cluster_set(folder: Path, build_digest: str = "fp-1") -> ClusterSet:
     token_clusters = np.random.default_rng(0).integers(0, CLUSTERS, VOCAB).astype(np.int64)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "token_clusters.npy"
     np.save(path, token_clusters)
-    (folder / FINGERPRINT_FILE).write_text(json.dumps({"fingerprint": fingerprint}))
+    (folder / BUILD_RECORD_FILE).write_text(json.dumps({"fingerprint": build_digest}))
     return ClusterSet(cluster_ids=tuple(str(i) for i in range(CLUSTERS)), token_clusters=token_clusters,
-                      token_clusters_path=path.resolve(), descriptions={}, fingerprint=fingerprint)
+                      token_clusters_path=path.resolve(), descriptions={}, build_digest=build_digest)
 
 
 @pytest.fixture
@@ -162,7 +162,7 @@ def test_never_raises(clusters: ClusterSet) -> None:
 
 
 def test_cluster_map_is_loaded_once_per_process(tmp_path: Path) -> None:
-    clusters = _cluster_set(tmp_path / "once", fingerprint="fp-once")
+    clusters = _cluster_set(tmp_path / "once", build_digest="fp-once")
     logits = torch.randn(1, WIDTH)
     params = [custom_params(DELTAS[0], clusters)]
     first = SteeringProcessor()(logits.clone(), params)

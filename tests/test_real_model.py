@@ -47,7 +47,7 @@ def fake_package(site: Path, version: str = smollm2.VERSION, with_file: bool = T
         (package / smollm2.GGUF).write_bytes(b"GGUF stand-in")
     info = site / f"{smollm2.MODULE}-{version}.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {smollm2.PACKAGE}\nVersion: {version}\n")
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {smollm2.DISTRIBUTION}\nVersion: {version}\n")
     return package / smollm2.GGUF
 
 

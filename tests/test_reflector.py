@@ -98,7 +98,7 @@ def test_merge_messages_show_both_parents():
     assert user.startswith("## Parent A (fitness: 0.6123)\nnote A\n\n## Parent B (fitness: 0.5000)\n(empty)\n")
 
 
-# -- validation (seed 000 §8) ---------------------------------------------------------------
+# -- validation ----------------------------------------------------------------------------
 
 def test_a_valid_mutation_is_accepted_at_once():
     reflector = scripted(['{"delta": -1.5, "scratchpad": "learnt"}'])
@@ -182,7 +182,7 @@ def test_a_key_echoed_in_a_refused_value_is_masked_before_it_is_cut(tmp_path: Pa
     log = PromptLog(tmp_path / "reflector_prompts", "scripted")
     reply = json.dumps({"delta": f"Authorization: Bearer {LONG_KEY}", "scratchpad": "s"})
     reflector = ValidatingReflector(ScriptedProposer([reply, reply]), DESCRIPTIONS, 100, log,
-                                    lambda call: verdicts.append(call.verdict))
+                                    lambda call: verdicts.append(call.outcome))
     result = reflector.mutate(mutation_request(generation=5, child=0))
     assert result.delta is None and len(verdicts) == 2
     written = (tmp_path / "reflector_prompts" / "gen_5_mutation_child0_attempt1.txt").read_text()

@@ -28,7 +28,7 @@ from compressor_2.reflector.openai_reflector import OpenAIProposer
 from compressor_2.reflector.registry import padding_evidence
 from compressor_2.reflector.validation import ValidatingReflector
 from compressor_2.steering.phases import token_classes
-from compressor_2.verdict.stop_oracle import cut_answer
+from compressor_2.findings.stop_oracle import cut_answer
 from tests.conftest import REPO
 from tests.fakes.openai_server import FakeOpenAIServer, chat_completion
 from tests.test_config import write_config

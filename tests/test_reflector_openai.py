@@ -1,6 +1,6 @@
 """The OpenAI reflector over real HTTP against a fake OpenAI-compatible server on 127.0.0.1.
 
-The server checks every request against seed 000's templates, typed out again here so an
+The server checks every request against the mutation and merge templates, typed out again here so an
 accidental edit of the prompts module fails.
 """
 

@@ -270,7 +270,7 @@ def test_a_best_found_in_the_interrupted_generation_leaves_the_history_as_uninte
 @pytest.mark.slow
 def test_a_resumed_sampling_run_recomputes_the_best_from_its_rescored_population(tmp_path, shared, tiny_model_dir,
                                                                                  capsys):
-    """Seed 000 §2: with CONFIG_TEMPERATURE > 0 (the transformers engine samples) a resume
+    """With CONFIG_TEMPERATURE > 0 (the transformers engine samples) a resume
     evaluates the population afresh, and the stored best stays unless a re-scored member
     beats it. The stored best fitness is set to 0, then to the maximum, so that the
     outcome does not depend on the samples; the budget stops each resume right after."""

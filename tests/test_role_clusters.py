@@ -1,5 +1,5 @@
 """Clusters by role (CONFIG_ROLE_CLUSTERS, compressor_2/clusters/roles.py): the rule, a build on a
-tokenizer the test makes, the fingerprint, and a resume with other roles refused."""
+tokenizer the test makes, the build digest, and a resume with other roles refused."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from compressor_2.cli import main
 from compressor_2.clusters.build import build_clusters
-from compressor_2.clusters.clusterset import ArtifactPaths, config_inputs, load_cluster_set, read_record
+from compressor_2.clusters.clusterset import ArtifactPaths, config_inputs, load_cluster_set, read_build_record
 from compressor_2.clusters.roles import FIRST_ROLE_ID, ROLES, cluster_count, role_ids, role_of
 from compressor_2.common import ConfigError
 from tests.cluster_helpers import cluster_config
@@ -93,13 +93,13 @@ def test_a_build_with_roles_puts_each_listed_token_in_its_role_and_the_rest_in_k
 def test_without_roles_the_build_is_todays(built) -> None:
     work, model = built
     config = cluster_config(work / "without", model, ROLE_CLUSTERS=False, NUM_CLUSTERS=3, PCA_COMPONENTS=4)
-    # The fingerprint's inputs are what they were before the option: nothing records it.
+    # The build digest's inputs are what they were before the option: nothing records it.
     assert set(config_inputs(config)) == {"format", "rules", "embedding_model", "pca_components", "num_clusters",
                                           "seed"}
     clusters = load_cluster_set(config)
     assert clusters.cluster_ids == ("0", "1", "2", "3", "4")
     assert set(np.unique(clusters.token_clusters[2:])) <= {1, 2, 3, 4}
-    record = read_record(ArtifactPaths.from_config(config))
+    record = read_build_record(ArtifactPaths.from_config(config))
     assert record is not None and "roles" not in record["inputs"]
 
 

@@ -375,5 +375,5 @@ def test_a_run_started_before_identities_were_recorded_is_refused_when_what_it_r
     code, err, _ = run_cli(["evolve", "--config", str(changed)], capsys)
     assert code == 2, err
     assert err[1].startswith("  the model, engine, clusters, CONFIG_MAX_NEW_TOKENS, CONFIG_TEMPERATURE, judge or "
-                             "tolerance (recorded as one fingerprint): changed"), err
+                             "tolerance (recorded as one answer context): changed"), err
     assert answers(out) == stored

@@ -1,7 +1,7 @@
 """How a run ends, end to end on the tiny model with a fake OpenAI-compatible reflector:
 every strategy stops once its steps make nothing new (issue S, item 2); a reflector that
 accepts and never answers stops the run within its stated bound, saying meanwhile what the
-run waits for (S3); seed 002's selection call carries the seed's sampling settings (P5);
+run waits for (S3); the selection call carries its own sampling settings (P5);
 and `evolve` leaves no thread of its own behind, whatever the exit (P8)."""
 
 from __future__ import annotations
@@ -171,10 +171,10 @@ def test_a_run_waiting_for_the_reflector_says_what_it_waits_for(tmp_path, shared
     assert proc.returncode == 130
 
 
-def test_the_selection_call_carries_seed_002s_sampling_settings(tmp_path, shared, tiny_model_dir, monkeypatch,
-                                                                capsys):
-    """Seed 002 asks for the selection at temperature 0.5 with max_tokens 2048; the other
-    calls leave both to the server, as seed 000 does."""
+def test_the_selection_call_carries_its_own_sampling_settings(tmp_path, shared, tiny_model_dir, monkeypatch,
+                                                               capsys):
+    """The selection goes out at temperature 0.5 with max_tokens 2048, for a more
+    deterministic choice; the other calls leave both to the server."""
     monkeypatch.setenv(KEY_ENV, KEY)
 
     def answer(body: dict[str, Any]) -> tuple[int, Any]:

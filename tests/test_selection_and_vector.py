@@ -1,4 +1,4 @@
-"""Seed 002's LLM-driven selection and seed 001's full-vector mutation inside the GA: the
+"""LLM-driven selection and full-vector mutation inside the GA: the
 prompts and schemas, the validation and fallback, the local stand-ins, and runs against
 the real stack (a fake OpenAI-compatible server, then the local reflector with resume)."""
 

@@ -28,7 +28,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from compressor_2.clusters.clusterset import FINGERPRINT_FILE, ClusterSet
+from compressor_2.clusters.clusterset import BUILD_RECORD_FILE, ClusterSet
 from compressor_2.clusters.vocab import load_vocabulary
 from compressor_2.engines.base import GenerationRequest
 from compressor_2.engines.chat import chat_prompt
@@ -87,10 +87,10 @@ def clusters(tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> Cluste
     token_clusters[1::9] = UNSTEERED  # special tokens: in no cluster
     folder = tmp_path_factory.mktemp("clusters")
     np.save(folder / "token_clusters.npy", token_clusters)
-    (folder / FINGERPRINT_FILE).write_text(json.dumps({"fingerprint": "contract"}))
+    (folder / BUILD_RECORD_FILE).write_text(json.dumps({"fingerprint": "contract"}))
     return ClusterSet(cluster_ids=tuple(map(str, range(CLUSTERS))), token_clusters=token_clusters,
                       token_clusters_path=(folder / "token_clusters.npy").resolve(), descriptions={},
-                      fingerprint="contract")
+                      build_digest="contract")
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The simpler tools (compressor_2/verdict/simpler.py): the EOS-only search and the cap's
+"""The simpler tools (compressor_2/findings/simpler.py): the EOS-only search and the cap's
 arithmetic, then whole tiny runs with CONFIG_COMPARE_SIMPLE on and off: what they add, what
 they never touch, the cache on a rerun, and a Ctrl+C inside them."""
 
@@ -16,10 +16,10 @@ from compressor_2.commands.evolve import evolve
 from compressor_2.common.errors import ConfigError
 from compressor_2.config import load_config
 from compressor_2.data.prompt import INSTRUCTED
-from compressor_2.verdict.claims import Arm
-from compressor_2.verdict.confidence import compare
-from compressor_2.verdict.simpler import (
-    EOS_EVALUATIONS, EOS_GRID, TOOLS_META, Tool, ToolRow, Tools, cap_for, eos_search, read_record, verdict,
+from compressor_2.findings.claims import Arm
+from compressor_2.findings.confidence import compare
+from compressor_2.findings.simpler import (
+    EOS_EVALUATIONS, EOS_GRID, TOOLS_META, Tool, ToolRow, Tools, cap_for, eos_search, read_tools_record, simpler_advice,
 )
 from tests.test_evolution_support import config_for, query, read_json, write_config
 
@@ -60,9 +60,9 @@ def test_a_tool_that_does_as_well_as_the_best_is_named_plainly():
     longer = compare(best, [(17, True)] * 40)
     eos = Tool("EOS bias alone (+2.1)", "an EOS bias of +2.1", Arm("2.1,0.0"))
     cap = Tool("a cap at 10 tokens", "a cap at 10 tokens (max_tokens)", Arm("0.0,0.0", cap=10))
-    assert verdict([ToolRow(eos, None, None, longer), ToolRow(cap, None, None, as_well)], 0.95) == (
+    assert simpler_advice([ToolRow(eos, None, None, longer), ToolRow(cap, None, None, as_well)], 0.95) == (
         "On this model a cap at 10 tokens (max_tokens) does as well: deploy that.")
-    assert verdict([ToolRow(eos, None, None, longer)], 0.95) == (
+    assert simpler_advice([ToolRow(eos, None, None, longer)], 0.95) == (
         "None does as well as the evolved deltas (95% CIs, paired): the search earned its keep.")
 
 
@@ -131,7 +131,7 @@ def test_the_eos_search_spends_at_most_its_evaluations_outside_the_budget(runs):
     _, on, _, _ = runs
     archive = RunArchive.open_read_only(on / "run.sqlite")
     try:
-        record = read_record(archive)
+        record = read_tools_record(archive)
         metric_calls = archive.metric_calls()
     finally:
         archive.close()
@@ -232,7 +232,7 @@ def test_a_record_a_hand_edit_broke_is_one_line_naming_the_row(tmp_path):
     try:
         archive.set_meta({TOOLS_META: '{"eos": [[1, 2, 3]], "eos_genome": "1.0", "cap": 3, "instruction": ""}'})
         with pytest.raises(ConfigError, match=f"table meta, row {TOOLS_META}: not what the simpler tools record"):
-            read_record(archive)
+            read_tools_record(archive)
     finally:
         archive.close()
 

@@ -1,4 +1,4 @@
-"""The stop oracle (compressor_2/verdict/stop_oracle.py) on real answers: SmolLM2-135M-Instruct's
+"""The stop oracle (compressor_2/findings/stop_oracle.py) on real answers: SmolLM2-135M-Instruct's
 to five of the demo's held-out questions (as `evaluate` recorded them), tokenised with the demo
 model's tokenizer (its counts stand for the engine's: one more for the end token of an answer
 that ended, none for the two the 64-token limit cut) and judged by the numeric judge."""
@@ -16,8 +16,8 @@ from compressor_2.clusters.tokens import AnswerTokens
 from compressor_2.data import Example
 from compressor_2.judges import JudgeItem, NumericJudge, figure_spans, stopping_points
 from compressor_2.pretrained import load_tokenizer
-from compressor_2.verdict.claims import Claims
-from compressor_2.verdict.stop_oracle import (
+from compressor_2.findings.claims import Claims
+from compressor_2.findings.stop_oracle import (
     AFTER,
     BEFORE,
     FIGURES,

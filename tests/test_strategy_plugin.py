@@ -124,7 +124,7 @@ class Hill:
         return made
 '''
 
-ENTRY = 'config STRATEGY_GA\n\tbool "ga: seed 000\'s DEAP genetic algorithm"\n'
+ENTRY = 'config STRATEGY_GA\n\tbool "ga: a DEAP genetic algorithm"\n'
 HILL_KCONFIG = '''
 menu "Hill climber (a strategy added by a test)"
 	depends on STRATEGY_HILL

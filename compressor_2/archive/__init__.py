@@ -3,9 +3,9 @@
 from compressor_2.archive.database import CheckStore, RunArchive
 from compressor_2.archive.lineage import Lineage
 from compressor_2.archive.rows import (
-    SEED_STEP, Answer, CallRecord, Candidate, CheckResult, Placement, Spot, genome_key,
+    SEED_STEP, Answer, CallRecord, Candidate, CheckResult, Placement, ReplyTally, Spot, genome_key,
 )
 from compressor_2.archive.schema import ARCHIVE_FILE
 
 __all__ = ["ARCHIVE_FILE", "SEED_STEP", "Answer", "CallRecord", "Candidate", "CheckResult", "CheckStore", "Lineage",
-           "Placement", "RunArchive", "Spot", "genome_key"]
+           "Placement", "ReplyTally", "RunArchive", "Spot", "genome_key"]

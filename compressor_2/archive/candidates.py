@@ -16,8 +16,9 @@ from compressor_2.archive.rows import MAX_ID, Candidate, Placement, RowError, ge
 from compressor_2.archive.schema import Database
 from compressor_2.common import shown
 
-CANDIDATE_COLUMNS = ("id, deltas, scratchpad, operator, strategy, generation, status, note, fitness, mean_tokens, "
-                     "correctness, created")
+CANDIDATE_COLUMNS = ("id", "deltas", "scratchpad", "operator", "strategy", "generation", "status", "note", "fitness",
+                     "mean_tokens", "correctness", "created")
+_SELECTED = ", ".join(CANDIDATE_COLUMNS)
 # The candidates a named query selects.
 _WHERE = {
     "all": "",
@@ -77,23 +78,23 @@ class Candidates:
     def one(self, cid: int) -> Candidate | None:
         if not 0 < cid <= MAX_ID:
             return None  # SQLite cannot even be asked
-        found = self.db.query(f"SELECT {CANDIDATE_COLUMNS} FROM candidates WHERE id = ?", (cid,))
+        found = self.db.query(f"SELECT {_SELECTED} FROM candidates WHERE id = ?", (cid,))
         return self._candidates(found)[0] if found else None
 
     def named(self, query: str) -> list[Candidate]:
         """The candidates a named query selects (`_WHERE`), in id order."""
-        return self._candidates(self.db.query(f"SELECT {CANDIDATE_COLUMNS} FROM candidates {_WHERE[query]} "
+        return self._candidates(self.db.query(f"SELECT {_SELECTED} FROM candidates {_WHERE[query]} "
                                               "ORDER BY id"))
 
     def among(self, ids: Sequence[int]) -> dict[int, Candidate]:
         wanted = sorted({int(i) for i in ids})
         found = self._candidates(self.db.query(
-            f"SELECT {CANDIDATE_COLUMNS} FROM candidates WHERE id IN ({','.join('?' * len(wanted))}) ORDER BY id",
+            f"SELECT {_SELECTED} FROM candidates WHERE id IN ({','.join('?' * len(wanted))}) ORDER BY id",
             wanted)) if wanted else []
         return {c.id: c for c in found if c.id is not None}
 
     def best(self) -> Candidate | None:
-        found = self.db.query(f"SELECT {CANDIDATE_COLUMNS} FROM candidates WHERE fitness IS NOT NULL "
+        found = self.db.query(f"SELECT {_SELECTED} FROM candidates WHERE fitness IS NOT NULL "
                               "ORDER BY fitness DESC, id ASC LIMIT 1")
         return self._candidates(found)[0] if found else None
 

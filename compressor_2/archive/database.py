@@ -21,7 +21,7 @@ from compressor_2.archive.candidates import Candidates
 from compressor_2.archive.lineage import Lineage
 from compressor_2.archive.log import RunLog
 from compressor_2.archive.records import Feedback, Merge, Records
-from compressor_2.archive.rows import Answer, CallRecord, Candidate, CheckResult, Placement, Spot
+from compressor_2.archive.rows import Answer, CallRecord, Candidate, CheckResult, Placement, ReplyTally, Spot
 from compressor_2.archive.schema import Database
 
 
@@ -232,7 +232,7 @@ class RunArchive:
 
     def record_selection(self, generation: int, selections: Sequence[tuple[int, str, str]], summary: str,
                          fallback: str | None) -> None:
-        """(candidate, category, reasoning) rows of one generation's selection (seed 002)."""
+        """(candidate, category, reasoning) rows of one generation's LLM selection."""
         self._records.record_selection(generation, selections, summary, fallback)
 
     def selections(self) -> list[tuple[int, int, str, str]]:
@@ -240,7 +240,8 @@ class RunArchive:
         return self._records.selections()
 
     def record_feedback(self, entries: Sequence[Feedback]) -> None:
-        """(candidate, parent, iteration, generator, change summary, outcome) rows (seed 003)."""
+        """The archive strategy's feedback memory: (candidate, parent, iteration, generator,
+        change summary, outcome) rows."""
         self._records.record_feedback(entries)
 
     def feedback(self, parents: Sequence[int] | None = None) -> list[Feedback]:
@@ -252,7 +253,7 @@ class RunArchive:
         self._records.record_merge(candidate, first, second, ancestor, sources, accepted)
 
     def merges(self) -> list[Merge]:
-        """(candidate, first, second, ancestor, component sources, accepted), oldest first (seed 004)."""
+        """(candidate, first, second, ancestor, component sources, accepted), GEPA's, oldest first."""
         return self._records.merges()
 
     # -- reflector calls --------------------------------------------------------------------
@@ -268,10 +269,10 @@ class RunArchive:
         """The latency of every reflector attempt, summed: what the reflector cost in time."""
         return self._log.reflector_seconds()
 
-    def verdicts(self, after: int = 0) -> tuple[int, int, int, str]:
-        """(the newest reflector call's id, the calls after id `after`, how many of them
-        were accepted, why the last rejected one was rejected or "")."""
-        return self._log.verdicts(after)
+    def reply_tally(self, after: int = 0) -> ReplyTally:
+        """The reflector's replies after call id `after`: the newest call's id, how many,
+        how many accepted, why the last rejected one was rejected."""
+        return self._log.reply_tally(after)
 
     def calls_about(self, cid: int) -> list[CallRecord]:
         return self._log.calls_about(cid)

@@ -1,5 +1,5 @@
 """What a run did and spent, as it happened: its events (starts, interruptions, stops) and
-every reflector attempt (kind, tokens, latency, verdict)."""
+every reflector attempt (kind, tokens, latency, outcome)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from compressor_2.archive import rows
-from compressor_2.archive.rows import CallRecord, RowError
+from compressor_2.archive.rows import CallRecord, ReplyTally, RowError
 from compressor_2.archive.schema import Database
 from compressor_2.common import MAX_TOKENS, as_count, scrub, shown
 
@@ -46,7 +46,7 @@ class RunLog:
                 "INSERT INTO reflector_calls (kind, candidate, parents, generation, attempt, prompt_tokens, "
                 "completion_tokens, latency, verdict, created) VALUES (?,?,?,?,?,?,?,?,?,?)",
                 (call.kind, call.candidate, json.dumps(list(call.parents)), call.generation, call.attempt,
-                 call.prompt_tokens, call.completion_tokens, call.latency, scrub(call.verdict), time.time()))
+                 call.prompt_tokens, call.completion_tokens, call.latency, scrub(call.outcome), time.time()))
 
     def reflector_tokens(self) -> tuple[int, int, int]:
         """(calls, prompt tokens, completion tokens) over the whole run; a count that is no
@@ -68,13 +68,14 @@ class RunLog:
     def reflector_seconds(self) -> float:
         return float(self.db.query("SELECT coalesce(sum(latency), 0) FROM reflector_calls")[0][0])
 
-    def verdicts(self, after: int = 0) -> tuple[int, int, int, str]:
+    def reply_tally(self, after: int = 0) -> ReplyTally:
         newest, calls, accepted = self.db.query(
             "SELECT coalesce(max(id), ?), count(*), coalesce(sum(verdict = 'accepted'), 0) FROM reflector_calls "
             "WHERE id > ?", (after, after))[0]
         rejected = self.db.query("SELECT verdict FROM reflector_calls WHERE id > ? AND verdict != 'accepted' "
                                  "ORDER BY id DESC LIMIT 1", (after,))
-        return int(newest), int(calls), int(accepted), rejected[0][0].removeprefix("rejected: ") if rejected else ""
+        return ReplyTally(int(newest), int(calls), int(accepted),
+                          rejected[0][0].removeprefix("rejected: ") if rejected else "")
 
     def calls_about(self, cid: int) -> list[CallRecord]:
         found = self.db.query("SELECT id, kind, candidate, parents, generation, attempt, prompt_tokens, "

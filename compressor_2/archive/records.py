@@ -1,5 +1,5 @@
-"""What one strategy records beside the candidates: seed 002's LLM selections (the GA),
-seed 003's feedback memory (the archive strategy) and seed 004's merges (GEPA)."""
+"""What one strategy records beside the candidates: the GA's LLM selections, the
+archive strategy's feedback memory and GEPA's merges."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ class Records:
         db.execute("DELETE FROM feedback WHERE candidate > ?", (last_candidate,))
         db.execute("DELETE FROM merges WHERE candidate > ?", (last_candidate,))
 
-    # -- selections (seed 002) --------------------------------------------------------------
+    # -- selections (the GA's LLM selection) ----------------------------------------------
 
     def record_selection(self, generation: int, selections: Sequence[tuple[int, str, str]], summary: str,
                          fallback: str | None) -> None:
@@ -43,7 +43,7 @@ class Records:
         return [tuple(r) for r in self.db.query(  # type: ignore[misc]
             "SELECT generation, candidate, category, reasoning FROM selections ORDER BY generation, position")]
 
-    # -- feedback memory (seed 003) ---------------------------------------------------------
+    # -- feedback memory (the archive strategy) --------------------------------------------
 
     def record_feedback(self, entries: Sequence[Feedback]) -> None:
         with self.db.transaction() as db:
@@ -56,7 +56,7 @@ class Records:
         wanted = None if parents is None else set(parents)
         return [tuple(r) for r in found if wanted is None or r[1] in wanted]  # type: ignore[misc]
 
-    # -- merges (seed 004) ------------------------------------------------------------------
+    # -- merges (GEPA) ----------------------------------------------------------------------
 
     def record_merge(self, candidate: int, first: int, second: int, ancestor: int, sources: Sequence[int],
                      accepted: bool) -> None:

@@ -9,7 +9,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from compressor_2.common import as_count, as_float, shown
 
@@ -72,15 +72,23 @@ class CallRecord:
     prompt_tokens: int
     completion_tokens: int
     latency: float
-    verdict: str
+    outcome: str  # "accepted", or "rejected: " and why (stored in the reflector_calls column `verdict`)
+
+
+class ReplyTally(NamedTuple):
+    """The reflector's replies since a step boundary, as the driver's warnings read them."""
+
+    newest: int  # the newest reflector call's id (the boundary the next tally starts after)
+    calls: int  # the calls after the boundary
+    accepted: int  # how many of them were accepted
+    last_rejection: str  # why the last rejected one was rejected, or ""
 
 
 @dataclass(frozen=True)
 class Spot:
     """Where a candidate stands in a strategy's structure: the GA's population member
-    (`pop`), offspring (`pre`) and mutated offspring (`mut`) of a generation (seed 000
-    §8), or a kept candidate of the other strategies (`cand`), in the column of the step
-    that made it."""
+    (`pop`), offspring (`pre`) and mutated offspring (`mut`) of a generation, or a kept
+    candidate of the other strategies (`cand`), in the column of the step that made it."""
 
     generation: int
     stage: str
@@ -150,12 +158,12 @@ def _candidate_problem(row: Sequence[Any], decoded: dict[str, float] | None) -> 
         if not isinstance(text, str):
             return f"{name} is {shown(text)}, not text"
     for name, (value, high) in scores.items():
-        if not score(value, high):
+        if not is_stored_score(value, high):
             return f"{name} is {shown(value)}, not a number {'in [0, 1]' if high == 1 else '>= 0'}"
     return None
 
 
-def score(value: Any, high: float) -> bool:
+def is_stored_score(value: Any, high: float) -> bool:
     """A stored score is absent (not assessed yet) or a number in [0, high]."""
     number = as_float(value)
     return value is None or (number is not None and 0 <= number <= high)
@@ -196,9 +204,9 @@ def check_result(row: Sequence[Any]) -> CheckResult:
     """A check_results row (split, genome, examples, mean tokens, correctness, fitness)."""
     _, _, examples, mean_tokens, correctness, fitness = row
     valid = {"examples": as_count(examples, MAX_ID + 1) is not None,
-             "mean_tokens": mean_tokens is not None and score(mean_tokens, math.inf),
-             "correctness": correctness is not None and score(correctness, 1.0),
-             "fitness": fitness is not None and score(fitness, 1.0)}
+             "mean_tokens": mean_tokens is not None and is_stored_score(mean_tokens, math.inf),
+             "correctness": correctness is not None and is_stored_score(correctness, 1.0),
+             "fitness": fitness is not None and is_stored_score(fitness, 1.0)}
     if bad := next((name for name, ok in valid.items() if not ok), None):
         raise RowError(f"{bad} is not a number in its range")
     return CheckResult(*row)

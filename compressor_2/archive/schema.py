@@ -6,14 +6,14 @@ Tables:
   iteration), its status and, once assessed on the whole training pool, its fitness;
 - `lineage`: one row per (child, parent);
 - `placements`: where a candidate stood in a strategy's structure (the GA's
-  `g{g}_pop{i}` / `_pre` / `_mut` node ids of seed 000 §8), for the evolution tree;
+  `g{g}_pop{i}` / `_pre` / `_mut` node ids), for the evolution tree;
 - `evaluations`: one answer per (genome, example, context), the evaluation cache;
-- `reflector_calls`: kind, candidate, tokens, latency and verdict of every attempt;
-- `selections`, `selection_rounds`: seed 002's selections per generation (candidate,
+- `reflector_calls`: kind, candidate, tokens, latency and outcome (`verdict`) of every attempt;
+- `selections`, `selection_rounds`: the GA's LLM selections per generation (candidate,
   category, reasoning) and the round's summary, or why it fell back;
-- `merges`: seed 004's merges: the two descendants, their common ancestor, which of them
+- `merges`: GEPA's merges: the two descendants, their common ancestor, which of them
   each component came from, and whether the merge was kept;
-- `feedback`: seed 003's memory, one entry per assessed or rejected proposal: parent,
+- `feedback`: the archive strategy's memory, one entry per assessed or rejected proposal: parent,
   generator, change summary, observed outcome;
 - `check_answers`: the answers of the run's checks, kept apart from the search's so they
   never count against its budget: the held-out set, and the unsteered baseline on the pool

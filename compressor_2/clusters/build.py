@@ -6,7 +6,7 @@ in no cluster (clusters/special.py); with CONFIG_ROLE_CLUSTERS=y, the tokens of 
 sentence-transformers embedding -> PCA -> k-means label c -> "c + 2" (after the roles' ids).
 
 Cached: the inputs (vocabulary, embedding model, PCA size, k, seed, rule version)
-are fingerprinted; a rerun with the same inputs and an intact artifact set only prints
+are hashed into the build digest; a rerun with the same inputs and an intact artifact set only prints
 one line, wherever the model lies. A rebuild removes the record first and writes it last
 (see clusterset.py), and reuses `embeddings.npy` when only PCA size, k or seed changed.
 """
@@ -35,15 +35,15 @@ from compressor_2.clusters.clusterset import (
     cluster_map_digest,
     config_inputs,
     file_sha256,
-    fingerprint_of,
+    build_digest_of,
     map_digest,
     read_cluster_set,
-    read_record,
+    read_build_record,
     record_problem,
 )
 from compressor_2.clusters.describe import describe_clusters, unsteered
 from compressor_2.clusters.embed import MAX_PIECES, embed_texts
-from compressor_2.clusters.layout import LOCK_FILE, UNSTEERED
+from compressor_2.clusters.layout import CLUSTER_LOCK_FILE, UNSTEERED
 from compressor_2.clusters.roles import FIRST_ROLE_ID, ROLES, Role, role_token_ids
 from compressor_2.clusters.special import EMBEDDED_TEXT_VERSION, number_token_ids, strip_markers
 from compressor_2.clusters.vocab import Vocabulary, load_vocabulary, tokenizer_files_digest
@@ -57,7 +57,7 @@ from compressor_2.common import (
     file_kind,
 )
 from compressor_2.config import Config
-from compressor_2.deltas import canonical_ids, fingerprint_path, load_deltas, write_fingerprint
+from compressor_2.deltas import canonical_ids, sidecar_path, load_deltas, write_sidecar
 
 __all__ = ["ClusterSet", "build_clusters"]
 
@@ -82,7 +82,7 @@ def build_clusters(config: Config, force: bool = False, later: list[Callable[[],
     lock = _directory_lock(paths.cluster_dir)
     fcntl.flock(lock, fcntl.LOCK_SH)  # waits while another process rebuilds
     files = tokenizer_files_digest(config.model_path)
-    record = read_record(paths)
+    record = read_build_record(paths)
     previous = record if not force and record_problem(record, paths) is None else None
     settings = previous is not None and changed_input(previous.get("inputs", {}), config_inputs(config)) is None
     writes: list[Callable[[], None]] = [] if later is None else later
@@ -118,12 +118,12 @@ def _directory_lock(directory: Path) -> int:
         directory.mkdir(parents=True, exist_ok=True)
         # Not through a link, and never blocking on a FIFO made there.
         try:
-            fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+            fd = os.open(directory / CLUSTER_LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
         except OSError as exc:
-            raise ConfigError(f"'{directory / LOCK_FILE}' cannot be opened ({exc.strerror}): remove it") from None
+            raise ConfigError(f"'{directory / CLUSTER_LOCK_FILE}' cannot be opened ({exc.strerror}): remove it") from None
         if not stat.S_ISREG(mode := os.fstat(fd).st_mode):
             os.close(fd)
-            raise ConfigError(f"'{directory / LOCK_FILE}' is {file_kind(mode)}, not a regular file: remove it")
+            raise ConfigError(f"'{directory / CLUSTER_LOCK_FILE}' is {file_kind(mode)}, not a regular file: remove it")
         _LOCKS[directory] = fd
     return _LOCKS[directory]
 
@@ -139,9 +139,9 @@ def _up_to_date(paths: ArtifactPaths, record: dict[str, Any], started: float, wr
             record["initial_deltas"] = _sync_initial_deltas(paths, clusters.cluster_ids, digest, record)
             atomic_write_json(paths.record, record)
         writes.append(initial_deltas)
-    elif not fingerprint_path(paths.initial_deltas).exists() and _is_ours(paths, record):
+    elif not sidecar_path(paths.initial_deltas).exists() and _is_ours(paths, record):
         # A file an earlier version wrote without one.
-        writes.append(functools.partial(write_fingerprint, paths.initial_deltas, digest))
+        writes.append(functools.partial(write_sidecar, paths.initial_deltas, digest))
     if now:
         for write in writes:
             write()
@@ -174,17 +174,17 @@ def _embeddings(config: Config, paths: ArtifactPaths, vocab: Vocabulary) -> tupl
         f"{FORMAT_VERSION}|{EMBEDDED_TEXT_VERSION}|{MAX_PIECES}|{vocab.texts_sha256}|{config.embedding_model}".encode()
     ).hexdigest()
     try:
-        if paths.embeddings_fingerprint.read_text(encoding="utf-8").strip() == key:
+        if paths.embeddings_key.read_text(encoding="utf-8").strip() == key:
             cached = np.load(paths.embeddings, allow_pickle=False)
             if cached.ndim == 2 and cached.shape[0] == len(vocab):
                 return cached, True
     except (OSError, ValueError):
         pass
-    paths.embeddings_fingerprint.unlink(missing_ok=True)
+    paths.embeddings_key.unlink(missing_ok=True)
     embeddings = embed_texts([_embedding_text(vocab, i) for i in range(len(vocab))],
                              config.embedding_model, config.embed_batch_size)
     _save_npy(paths.embeddings, embeddings)
-    atomic_write_text(paths.embeddings_fingerprint, key + "\n")
+    atomic_write_text(paths.embeddings_key, key + "\n")
     return embeddings, False
 
 
@@ -236,7 +236,7 @@ def _rebuild(config: Config, paths: ArtifactPaths, vocab: Vocabulary, inputs: di
     _write_claimed(paths, paths.descriptions, descriptions)
     cluster_ids = tuple(descriptions)
     record = {
-        "fingerprint": fingerprint_of(inputs),
+        "fingerprint": build_digest_of(inputs),
         "inputs": inputs,
         "tokenizer_files": files,
         "vocab_size": len(vocab),
@@ -306,7 +306,7 @@ def _sync_initial_deltas(paths: ArtifactPaths, cluster_ids: tuple[str, ...], dig
     absent = not path.exists()
     if absent or _is_ours(paths, previous):
         _write_claimed(paths, path, {cid: 0.0 for cid in cluster_ids})
-        write_fingerprint(path, digest)
+        write_sidecar(path, digest)
         if absent:
             print(f"wrote all-zero initial deltas to {path}")
         return {"path": str(path), "sha256": file_sha256(path) or ""}

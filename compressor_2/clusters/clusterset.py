@@ -1,16 +1,16 @@
 """The built clusters as the rest of the code sees them, and the artifact layout.
 
-`fingerprint.json` in the cluster directory is written last by a build and removed
-first by a rebuild, so its presence means a complete set. It records the inputs'
-fingerprint and the sha256 of the two artifacts everything downstream reads
-(`token_clusters.npy` and the cluster descriptions), so a half-written or hand-edited
-set is refused rather than trusted.
+`fingerprint.json` in the cluster directory, the build record, is written last by a build
+and removed first by a rebuild, so its presence means a complete set. It records the
+build digest (the sha256 of the build's inputs, under the key "fingerprint") and the
+sha256 of the two artifacts everything downstream reads (`token_clusters.npy` and the
+cluster descriptions), so a half-written or hand-edited set is refused rather than trusted.
 
 A set is keyed by what determines it: the settings (`config_inputs`) and the model's
 vocabulary, never where the model lies, so a copied or moved model keeps its clusters and
-their fingerprint (which a deployed processor steering by reference checks). A set built
+their build digest (which a deployed processor steering by reference checks). A set built
 when the model's path was an input (its record still names it) is taken as it is, its
-fingerprint unchanged: that key is ignored.
+build digest unchanged: that key is ignored.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ import numpy as np
 
 from compressor_2.clusters.layout import (
     EMBEDDINGS_FILE,
-    EMBEDDINGS_FINGERPRINT_FILE,
-    FINGERPRINT_FILE,
+    EMBEDDINGS_KEY_FILE,
+    BUILD_RECORD_FILE,
     KMEANS_FILE,
     LEDGER_FILE,
-    LOCK_FILE,
+    CLUSTER_LOCK_FILE,
     PCA_FILE,
     TOKEN_CLUSTERS_FILE,
 )
@@ -51,12 +51,12 @@ class ClusterSet:
     token_clusters: np.ndarray  # int64, the cluster index of every tokenizer token id
     token_clusters_path: Path  # absolute
     descriptions: dict[str, dict]
-    fingerprint: str
+    build_digest: str  # the build record's digest of the build's inputs (its key "fingerprint")
 
 
 def cluster_map_digest(clusters: ClusterSet) -> str:
     """What a deltas file depends on: which token is in which cluster, and the cluster ids.
-    Unlike the build fingerprint it holds no path, so the same clusters built on another
+    Unlike the build digest it holds no path, so the same clusters built on another
     machine (or a copied directory) have the same digest."""
     return map_digest(clusters.token_clusters, clusters.cluster_ids)
 
@@ -72,7 +72,7 @@ def map_digest(token_clusters: np.ndarray, cluster_ids: Sequence[str]) -> str:
 class ArtifactPaths:
     cluster_dir: Path
     embeddings: Path
-    embeddings_fingerprint: Path
+    embeddings_key: Path
     pca: Path
     kmeans: Path
     token_clusters: Path
@@ -86,11 +86,11 @@ class ArtifactPaths:
         return cls(
             cluster_dir=d,
             embeddings=d / EMBEDDINGS_FILE,
-            embeddings_fingerprint=d / EMBEDDINGS_FINGERPRINT_FILE,
+            embeddings_key=d / EMBEDDINGS_KEY_FILE,
             pca=d / PCA_FILE,
             kmeans=d / KMEANS_FILE,
             token_clusters=d / TOKEN_CLUSTERS_FILE,
-            record=d / FINGERPRINT_FILE,
+            record=d / BUILD_RECORD_FILE,
             descriptions=config.cluster_descriptions_path.resolve(),
             initial_deltas=config.initial_deltas_path.resolve(),
         )
@@ -108,11 +108,11 @@ class ArtifactPaths:
 
     def own_files(self) -> tuple[Path, ...]:
         """Every file a build writes in the cluster directory under a name of its own."""
-        return (self.embeddings, self.embeddings_fingerprint, self.pca, self.kmeans, self.token_clusters, self.record,
-                self.cluster_dir / LEDGER_FILE, self.cluster_dir / LOCK_FILE)
+        return (self.embeddings, self.embeddings_key, self.pca, self.kmeans, self.token_clusters, self.record,
+                self.cluster_dir / LEDGER_FILE, self.cluster_dir / CLUSTER_LOCK_FILE)
 
 
-ROLES_INPUT = "roles"  # an input only with CONFIG_ROLE_CLUSTERS=y: a build without roles keeps its fingerprint
+ROLES_INPUT = "roles"  # an input only with CONFIG_ROLE_CLUSTERS=y: a build without roles keeps its build digest
 NAMES = {"embedding_model": "CONFIG_EMBEDDING_MODEL", "pca_components": "CONFIG_PCA_COMPONENTS",
          "num_clusters": "CONFIG_NUM_CLUSTERS", "seed": "CONFIG_CLUSTER_SEED", ROLES_INPUT: "CONFIG_ROLE_CLUSTERS",
          "vocabulary": "the vocabulary of CONFIG_MODEL_PATH"}
@@ -127,14 +127,14 @@ def config_inputs(config: Config) -> dict[str, Any]:
         "embedding_model": config.embedding_model,
         "pca_components": config.pca_components,
         "num_clusters": config.num_clusters,
-        "seed": config.cluster_seed,  # the key predates CONFIG_CLUSTER_SEED: same value, same fingerprint
+        "seed": config.cluster_seed,  # the key predates CONFIG_CLUSTER_SEED: same value, same build digest
     }
     if config.role_clusters:
         inputs[ROLES_INPUT] = f"y (role rules {ROLES_VERSION})"
     return inputs
 
 
-def fingerprint_of(inputs: dict[str, Any]) -> str:
+def build_digest_of(inputs: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode("utf-8")).hexdigest()
 
 
@@ -145,7 +145,7 @@ def file_sha256(path: Path) -> str | None:
         return None
 
 
-def read_record(paths: ArtifactPaths) -> dict[str, Any] | None:
+def read_build_record(paths: ArtifactPaths) -> dict[str, Any] | None:
     try:
         record = json.loads(paths.record.read_text(encoding="utf-8"))
     except (FileNotFoundError, json.JSONDecodeError):
@@ -193,13 +193,13 @@ def vocabulary_problem(record: dict[str, Any], config: Config) -> str | None:
     return f"CONFIG_MODEL_PATH={config.model_path!r} has another vocabulary than the clusters were built from"
 
 
-def read_cluster_set(paths: ArtifactPaths, fingerprint: str) -> ClusterSet:
+def read_cluster_set(paths: ArtifactPaths, build_digest: str) -> ClusterSet:
     descriptions = json.loads(paths.descriptions.read_text(encoding="utf-8"))
     ids = tuple(canonical_ids(descriptions))
     token_clusters = np.load(paths.token_clusters, allow_pickle=False).astype(np.int64, copy=False)
     return ClusterSet(cluster_ids=ids, token_clusters=token_clusters,
                       token_clusters_path=paths.token_clusters, descriptions=descriptions,
-                      fingerprint=fingerprint)
+                      build_digest=build_digest)
 
 
 def load_cluster_set(config: Config, paths: ArtifactPaths | None = None) -> ClusterSet:
@@ -207,7 +207,7 @@ def load_cluster_set(config: Config, paths: ArtifactPaths | None = None) -> Clus
     ConfigError (saying to run build-clusters) when they are missing, incomplete, or were
     built from other settings or another vocabulary."""
     paths = paths or ArtifactPaths.from_config(config)
-    record = read_record(paths)
+    record = read_build_record(paths)
     problem = record_problem(record, paths)
     if problem is None:
         assert record is not None

@@ -1,6 +1,6 @@
 """Clusters by role (CONFIG_ROLE_CLUSTERS=y): the tokens that lay an answer out or punctuate
 it, each role a cluster of its own before k-means, as the end tokens (cluster "0") and the
-numbers (cluster "1") are. On SmolLM2 the stop oracle (verdict/stop_oracle.py) finds the
+numbers (cluster "1") are. On SmolLM2 the stop oracle (findings/stop_oracle.py) finds the
 padding after an answer's last needed token made of words, the closing full stop and line
 breaks that open further lines, while commas and colons mostly stay (they build figures);
 in k-means all of them share one cluster with markup, so no delta could move one without
@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from compressor_2.clusters.special import strip_markers
 from compressor_2.config import Config
 
-# Bump when the rules below change: part of a role build's fingerprint (a build without
-# roles records none, so its fingerprint is what it always was).
+# Bump when the rules below change: part of a role build's build digest (a build
+# without roles records none, so its build digest is what it always was).
 ROLES_VERSION = "1"
 FIRST_ROLE_ID = 2  # after the EOS cluster "0" and the numbers cluster "1"
 

@@ -1,4 +1,4 @@
-"""The two fixed clusters that never go through k-means (seed 001 §2.5), and the tokens
+"""The two fixed clusters that never go through k-means, and the tokens
 that are in no cluster at all.
 
 Cluster "0" holds the model's end-of-sequence / end-of-turn tokens and nothing else:
@@ -39,7 +39,7 @@ import unicodedata
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-# Bump when the rules below change: it is part of the cluster fingerprint, so a
+# Bump when the rules below change: it is part of the build digest, so a
 # rule change rebuilds the clusters. 2: special and added tokens are unsteered.
 RULES_VERSION = "2"
 # Bump when the text a token is embedded as changes (`strip_markers`, and build.py's

@@ -11,9 +11,9 @@ no place for this: a rebuild removes it first. A set built before the ledger exi
 recognised by its record (the descriptions' sha256, the initial deltas' path and sha256).
 
 A file anywhere else (the training data, a tokenizer file, another run's archive, a file
-the user edited since) is never written over: the build was writing `train.jsonl` full of
-descriptions. Which file is an input, and which a build writes (`builds`), is held in one
-table by the commands (commands/files.py), which refuses either named as the other.
+the user edited since) is never written over. Which file is an input, and which a build
+writes (`builds`), is held in one table by the commands (commands/files.py), which
+refuses either named as the other.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ import json
 import re
 from pathlib import Path
 
-from compressor_2.clusters.clusterset import ArtifactPaths, file_sha256, read_record
+from compressor_2.clusters.clusterset import ArtifactPaths, file_sha256, read_build_record
 from compressor_2.clusters.layout import LEDGER_FILE
 from compressor_2.common import atomic_write_json
 
 KEPT_DIGESTS = 2  # the file's content is one of them whether the write after its claim happened or not
-_SIDECAR = re.compile(r'\{\s*"cluster_map"\s*:\s*"[0-9a-f]{64}"\s*\}\s*')  # deltas.write_fingerprint's
+_SIDECAR = re.compile(r'\{\s*"cluster_map"\s*:\s*"[0-9a-f]{64}"\s*\}\s*')  # deltas.write_sidecar's
 
 
 def builds(paths: ArtifactPaths, given: Path, sidecar: bool = False) -> bool:
@@ -39,7 +39,7 @@ def builds(paths: ArtifactPaths, given: Path, sidecar: bool = False) -> bool:
 
 def why_not_writable(paths: ArtifactPaths, given: Path, sidecar: bool = False) -> str | None:
     """Why a build may not write the file the config names as `given`, phrased to follow
-    the path; None when it may. `sidecar`: `given` is a deltas file's fingerprint sidecar,
+    the path; None when it may. `sidecar`: `given` is a deltas file's sidecar (its cluster map digest),
     which a build may replace whoever wrote it (a stale one stays when its deltas file is
     deleted to have it written again)."""
     if given.is_symlink():
@@ -71,7 +71,7 @@ def _known(paths: ArtifactPaths, target: Path) -> set[str]:
     """The digests builds of this cluster directory wrote to `target`: claimed in the
     ledger, or recorded by a build from before it."""
     known = set(_ledger(paths).get(paths.key(target), []))
-    record = read_record(paths) or {}
+    record = read_build_record(paths) or {}
     hashes = record.get("sha256")
     if isinstance(hashes, dict) and isinstance(hashes.get(paths.key(target)), str):
         known.add(hashes[paths.key(target)])
@@ -96,7 +96,7 @@ def _ledger(paths: ArtifactPaths) -> dict[str, list[str]]:
 
 
 def _is_sidecar(path: Path) -> bool:
-    """What `deltas.write_fingerprint` writes, and nothing else."""
+    """What `deltas.write_sidecar` writes, and nothing else."""
     if path.stat().st_size > 1024:
         return False
     try:

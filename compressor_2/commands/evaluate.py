@@ -15,7 +15,7 @@ from tqdm import tqdm
 from compressor_2.common import atomic_write_json
 from compressor_2.config import Config
 from compressor_2.data import Example
-from compressor_2.deltas import check_fingerprint, deltas_document, gene_ids, load_deltas, to_dict, to_list
+from compressor_2.deltas import check_map_digest, deltas_document, gene_ids, load_deltas, to_dict, to_list
 from compressor_2.fitness import Evaluation, Evaluator
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ def run_evaluate(config: Config, deltas_path: Path | None, indices: str | None,
     # The genome the engine steers with: CONFIG_DELTA_PHASES vectors (a plain file in each).
     ids = gene_ids(clusters.cluster_ids, config.delta_phases)
     if deltas_path is not None:
-        check_fingerprint(deltas_path, cluster_map_digest(clusters), force)
+        check_map_digest(deltas_path, cluster_map_digest(clusters), force)
     deltas = (to_list(load_deltas(deltas_path, clusters.cluster_ids, config.delta_phases)) if deltas_path is not None
               else [0.0] * len(ids))
     judge = make_judge(config)

@@ -42,7 +42,7 @@ from compressor_2.commands.files import Files
 from compressor_2.common import ConfigError, remove_orphans, say, signals_ignored, stop_on_first_signal
 from compressor_2.config import Config
 from compressor_2.data import Example
-from compressor_2.deltas import Deltas, check_fingerprint, fingerprint_path, gene_ids, load_deltas
+from compressor_2.deltas import Deltas, check_map_digest, sidecar_path, gene_ids, load_deltas
 from compressor_2.fitness import Evaluator, answer_context
 from compressor_2.outputs import FRONT_PLOT
 from compressor_2.reflector import PROMPT_DIR
@@ -51,7 +51,7 @@ from compressor_2.resume import (
 )
 from compressor_2.run import DELTAS_BEST, PROCESSOR_BEST, BestEver, Budget, Limits, Run, Workers, drive, shortfall
 from compressor_2.strategies import Plugin, load_strategy
-from compressor_2.verdict import Checks, Oracle, other_side_examples, simpler_options
+from compressor_2.findings import Checks, Oracle, other_side_examples, simpler_options
 
 if TYPE_CHECKING:
     from compressor_2.clusters.clusterset import ClusterSet
@@ -66,7 +66,7 @@ PRE_ARCHIVE_FILES = ("evolution_state.json", "history.json")
 @dataclass(frozen=True)
 class Inputs:
     """What preflight read: the clusters, the training pool, the held-out questions, the
-    initial deltas, the fingerprint of the settings that make an answer, and the writes the
+    initial deltas, the answer context (the digest of the settings that make an answer), and the writes the
     cluster build still owes."""
 
     clusters: ClusterSet
@@ -116,7 +116,7 @@ def preflight(config: Config, files: Files) -> Iterator[Inputs]:
         clusters = build_clusters(config, later=owed, paths=files.artifacts)
         digest = cluster_map_digest(clusters)
         initial = _initial_deltas(config, clusters.cluster_ids, digest)
-        context = kept or answer_context(answer_settings(config, clusters.fingerprint))
+        context = kept or answer_context(answer_settings(config, clusters.build_digest))
         yield Inputs(clusters, digest, examples, heldout, initial, context, model, prompts, tuple(owed))
 
 
@@ -133,7 +133,7 @@ def _initial_deltas(config: Config, cluster_ids: tuple[str, ...], digest: str) -
     path = config.initial_deltas_path
     if not path.exists():
         return {gene: 0.0 for gene in gene_ids(cluster_ids, config.delta_phases)}
-    check_fingerprint(path, digest, force=False, override=f"delete '{fingerprint_path(path)}' to start from these "
+    check_map_digest(path, digest, force=False, override=f"delete '{sidecar_path(path)}' to start from these "
                       "deltas anyway")
     return load_deltas(path, list(cluster_ids), config.delta_phases)
 
@@ -193,7 +193,7 @@ def services(config: Config, inputs: Inputs, archive: RunArchive, identity: dict
     # own line goes unsaid.
     best = BestEver(config.output_dir, functools.partial(write_processor, inputs.clusters,
                                                          token_classes=model_classes(config.model_path)),
-                    cluster_fingerprint=inputs.digest)
+                    map_digest=inputs.digest)
     run = Run(config=config, cluster_ids=ids, examples=inputs.examples, archive=archive,
               evaluator=evaluator_on(store=archive), reflector=reflector,
               pool=workers.pool(config.reflector_concurrency, "reflector"), budget=budget, best=best,
@@ -243,12 +243,12 @@ def final_line(reason: str, best: BestEver) -> str:
             f"{best.output_dir / DELTAS_BEST} and {best.output_dir / PROCESSOR_BEST} hold the best deltas")
 
 
-def answer_settings(config: Config, cluster_fingerprint: str) -> dict[str, Any]:
+def answer_settings(config: Config, build_digest: str) -> dict[str, Any]:
     """Everything besides the genome and the example that changes an answer or its verdict;
     the prompt template and evidence cap are in each example's key. The answer phases only
     when there are several, so that a one-phase run keeps the context it always had."""
     settings: dict[str, Any] = {
-        "model": config.model_path, "engine": config.engine, "clusters": cluster_fingerprint,
+        "model": config.model_path, "engine": config.engine, "clusters": build_digest,
         "max_new_tokens": config.max_new_tokens, "temperature": config.temperature,
         "judge": config.judge, "tolerance": config.correctness_tolerance,
         "judge_model": config.judge_model if config.judge != "numeric" else "",

@@ -2,11 +2,11 @@
 
 `--max-correctness-drop D` chooses on what the search did not fit: once the held-out check
 ran, the front candidate with the fewest held-out tokens whose held-out drop against the
-unsteered baseline has an upper bound (at `--confidence`, paired: verdict/confidence.py) of at
+unsteered baseline has an upper bound (at `--confidence`, paired: findings/confidence.py) of at
 most D. Without a held-out check, the shortest candidate on the training front whose
 correctness is at most D below the baseline's, and the message says that this choice is
-unvalidated. `--candidate ID` takes that one. Its deltas (with the cluster fingerprint
-sidecar) and its SGLang processor are written to `--out` (a deltas JSON path; the
+unvalidated. `--candidate ID` takes that one. Its deltas (with their sidecar, the
+cluster map digest) and its SGLang processor are written to `--out` (a deltas JSON path; the
 processor beside it), by default beside deltas_best.json as
 deltas_candidate_<id>.json and processor_candidate_<id>.py. With `--format logit-bias` the
 processor's place is taken by logit_bias_candidate_<id>.json: the deltas expanded through the
@@ -23,11 +23,11 @@ from compressor_2.archive import ARCHIVE_FILE, Candidate, RunArchive
 from compressor_2.clusters.clusterset import ClusterSet
 from compressor_2.commands.files import Files
 from compressor_2.common import ConfigError, atomic_write_json
-from compressor_2.deltas import deltas_document, fingerprint_path, recorded_fingerprint, write_fingerprint
+from compressor_2.deltas import deltas_document, sidecar_path, recorded_map_digest, write_sidecar
 from compressor_2.run import DELTAS_BEST
 from compressor_2.steering.generate import generate_processor
 from compressor_2.steering.logit_bias import export_logit_bias, refuse_phases
-from compressor_2.verdict import (
+from compressor_2.findings import (
     HELDOUT,
     LEVEL,
     Arm,
@@ -61,36 +61,36 @@ def run_export(files: Files, max_drop: float | None, candidate_id: int | None, o
     name = deltas_path.stem.removeprefix('deltas_')
     companion = (deltas_path.with_name(f"logit_bias_{name}.json") if export_format == "logit-bias"
                  else deltas_path.with_name(f"processor_{name}.py"))
-    outputs = [(deltas_path, "deltas JSON file"), (fingerprint_path(deltas_path), "deltas JSON file"),
+    outputs = [(deltas_path, "deltas JSON file"), (sidecar_path(deltas_path), "deltas JSON file"),
                (companion, "processor module")]
     if export_format == "logit-bias":
         refuse_phases(candidate.deltas, f"candidate #{candidate.id}")
-        outputs[2:] = [(companion, "logit_bias JSON file"), (fingerprint_path(companion), "logit_bias JSON file")]
+        outputs[2:] = [(companion, "logit_bias JSON file"), (sidecar_path(companion), "logit_bias JSON file")]
     for path, kind in outputs:
         files.check_output(path, "export --out", kind=kind, example="deltas_fast.json")
-    fingerprint = run_fingerprint(files)  # read before anything is written: a broken sidecar writes nothing
-    clusters = _current_clusters(files, fingerprint, force) if export_format == "logit-bias" else None
+    map_digest = run_map_digest(files)  # read before anything is written: a broken sidecar writes nothing
+    clusters = _current_clusters(files, map_digest, force) if export_format == "logit-bias" else None
     print(why)
     atomic_write_json(deltas_path, deltas_document(candidate.deltas))
-    write_fingerprint(deltas_path, fingerprint)
+    write_sidecar(deltas_path, map_digest)
     if clusters is not None:
         print(export_logit_bias(clusters, deltas_path, companion, force))
     else:
         # The processor is checked against the current clusters: deltas evolved on others are
         # refused (unless --force) rather than deployed to steer the wrong tokens.
         generate_processor(config, deltas_path=deltas_path, out=companion, force=force, paths=files.artifacts)
-    print(f"wrote {deltas_path} (its clusters recorded in {fingerprint_path(deltas_path).name})")
+    print(f"wrote {deltas_path} (its clusters recorded in {sidecar_path(deltas_path).name})")
 
 
-def _current_clusters(files: Files, fingerprint: str, force: bool) -> ClusterSet:
+def _current_clusters(files: Files, map_digest: str, force: bool) -> ClusterSet:
     """The clusters the map is expanded through, refused before anything is written (unless
     `force`) when they are not those the run evolved on: the same ids would bias other tokens."""
     from compressor_2.clusters.clusterset import cluster_map_digest, load_cluster_set
 
     clusters = load_cluster_set(files.config, files.artifacts)
     current = cluster_map_digest(clusters)
-    if fingerprint != current and not force:
-        raise ConfigError(f"the run's deltas were made for clusters {fingerprint[:12]}, but the current clusters are "
+    if map_digest != current and not force:
+        raise ConfigError(f"the run's deltas were made for clusters {map_digest[:12]}, but the current clusters are "
                           f"{current[:12]}: expanded through them, the map would bias other tokens. Build the "
                           "clusters the run evolved on, or pass --force")
     return clusters
@@ -179,10 +179,10 @@ def _describe(p: Point) -> str:
     return f"{p.tokens:.1f} tokens at {100 * p.correctness:.1f}% correct"
 
 
-def run_fingerprint(files: Files) -> str:
+def run_map_digest(files: Files) -> str:
     """The clusters the run evolved on, as deltas_best.json's sidecar records them, else
     the current clusters'."""
     from compressor_2.clusters.clusterset import cluster_map_digest, load_cluster_set
 
-    recorded = recorded_fingerprint(files.config.output_dir / DELTAS_BEST, "rerun evolve, which rewrites it")
+    recorded = recorded_map_digest(files.config.output_dir / DELTAS_BEST, "rerun evolve, which rewrites it")
     return recorded if recorded is not None else cluster_map_digest(load_cluster_set(files.config, files.artifacts))

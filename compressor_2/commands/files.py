@@ -39,13 +39,13 @@ from compressor_2.clusters.clusterset import ArtifactPaths
 from compressor_2.clusters.written import builds, why_not_writable, written_here
 from compressor_2.common import ConfigError, file_identity, file_kind, why_unwritable
 from compressor_2.config import Config
-from compressor_2.deltas import fingerprint_path
+from compressor_2.deltas import sidecar_path
 from compressor_2.model_digest import model_files
 
 SIDECAR = "the sidecar of CONFIG_INITIAL_DELTAS_PATH"
 
 
-class Role(Enum):
+class FileRole(Enum):
     INPUT = "input"
     CLUSTER_ARTIFACT = "cluster artifact"
     CLUSTER_OUTPUT = "cluster output"
@@ -56,7 +56,7 @@ class Role(Enum):
 class Entry:
     option: str  # what names it: "CONFIG_HOLDOUT_DATA", "--config", "evaluate --deltas"
     path: Path
-    role: Role
+    role: FileRole
     what: str  # how a refusal names it
     command_line: bool = False  # a command's own option (`--deltas`, `--data`), not the config
 
@@ -80,13 +80,13 @@ class Files:
         them, e.g. "evaluate --deltas"); refuses an input a cluster build writes in another
         role."""
         artifacts = ArtifactPaths.from_config(config)
-        own = tuple(Entry("CONFIG_CLUSTER_DIR", p, Role.CLUSTER_ARTIFACT,
+        own = tuple(Entry("CONFIG_CLUSTER_DIR", p, FileRole.CLUSTER_ARTIFACT,
                           f"a cluster artifact in CONFIG_CLUSTER_DIR ({p.name})") for p in artifacts.own_files())
         files = cls(config, artifacts, (*_inputs(config, options or {}), *own))
         files._refuse_build_outputs_as_inputs()
         return files
 
-    def of_role(self, role: Role) -> tuple[Entry, ...]:
+    def of_role(self, role: FileRole) -> tuple[Entry, ...]:
         return tuple(e for e in self.entries if e.role is role)
 
     @property
@@ -94,17 +94,17 @@ class Files:
         """What a build writes at the paths the config names, while each is new or what a
         build wrote (a file of the user's there is an input the build leaves alone)."""
         initial = self.config.initial_deltas_path
-        return tuple(Entry(option, path, Role.CLUSTER_OUTPUT, what) for option, path, what, sidecar in (
+        return tuple(Entry(option, path, FileRole.CLUSTER_OUTPUT, what) for option, path, what, sidecar in (
             ("CONFIG_CLUSTER_DESCRIPTIONS_PATH", self.config.cluster_descriptions_path,
              "the file of CONFIG_CLUSTER_DESCRIPTIONS_PATH", False),
             ("CONFIG_INITIAL_DELTAS_PATH", initial, "the file of CONFIG_INITIAL_DELTAS_PATH", False),
-            (SIDECAR, fingerprint_path(initial), SIDECAR, True)) if builds(self.artifacts, path, sidecar))
+            (SIDECAR, sidecar_path(initial), SIDECAR, True)) if builds(self.artifacts, path, sidecar))
 
     @functools.cached_property
     def run_files(self) -> tuple[Entry, ...]:
         """What a run writes in CONFIG_OUTPUT_DIR (asked only by the commands that write)."""
         out = self.config.output_dir
-        return tuple(Entry("CONFIG_OUTPUT_DIR", out / name, Role.RUN_FILE, f"a file of the run in '{out}'")
+        return tuple(Entry("CONFIG_OUTPUT_DIR", out / name, FileRole.RUN_FILE, f"a file of the run in '{out}'")
                      for name in sorted(owned_files()))
 
     def protected(self, out: Path, option: str, command_line: bool = True) -> Entry | None:
@@ -154,13 +154,13 @@ class Files:
         `run`: the command is the run, which writes every one of those files: none may be an
         input (another command may read the run's deltas_best.json, say, as its input)."""
         from compressor_2.reflector import PROMPT_DIR
-        from compressor_2.resume import LOCK_FILE, check_lock_file
+        from compressor_2.resume import RUN_LOCK_FILE, check_lock_file
 
         out = self.config.output_dir
         if reason := why_unwritable(out):
             raise ConfigError(f"CONFIG_OUTPUT_DIR='{out}' {reason}")
-        check_lock_file(out / LOCK_FILE)
-        for path in [e.path for e in self.run_files if e.path.name != LOCK_FILE] + [out / PROMPT_DIR]:
+        check_lock_file(out / RUN_LOCK_FILE)
+        for path in [e.path for e in self.run_files if e.path.name != RUN_LOCK_FILE] + [out / PROMPT_DIR]:
             try:
                 mode = os.lstat(path).st_mode
             except FileNotFoundError:
@@ -189,7 +189,7 @@ class Files:
         if not initial.exists() or written_here(paths, paths.initial_deltas):
             # Written when absent (a dangling link included) or the build's own; a file the user
             # wrote there, or links to, is an input the build leaves alone.
-            written += [("CONFIG_INITIAL_DELTAS_PATH", initial, False), (SIDECAR, fingerprint_path(initial), True)]
+            written += [("CONFIG_INITIAL_DELTAS_PATH", initial, False), (SIDECAR, sidecar_path(initial), True)]
         for option, path, sidecar in written:
             # A deltas option may name the initial deltas (an option naming what a build writes
             # in another role was refused when the table was made).
@@ -216,10 +216,10 @@ class Files:
         whether or not its lock is still there: its lock file, its archive, or the state file
         of a run from before the archive."""
         from compressor_2.archive import ARCHIVE_FILE
-        from compressor_2.resume import LOCK_FILE
+        from compressor_2.resume import RUN_LOCK_FILE
 
         return directory.resolve() == self.config.output_dir.resolve() or any(
-            os.path.lexists(directory / name) for name in (LOCK_FILE, ARCHIVE_FILE, "evolution_state.json"))
+            os.path.lexists(directory / name) for name in (RUN_LOCK_FILE, ARCHIVE_FILE, "evolution_state.json"))
 
     def _refuse_build_outputs_as_inputs(self) -> None:
         """Refuses, in one line naming the option and the file, an input that is a file a
@@ -228,9 +228,9 @@ class Files:
         build wrote (a file of the user's at one of those paths is what `why_not_writable`
         names). The descriptions and the initial deltas are the build's in their own role
         only; a deltas option may name the initial deltas."""
-        own, outputs = self.of_role(Role.CLUSTER_ARTIFACT), self.cluster_outputs
+        own, outputs = self.of_role(FileRole.CLUSTER_ARTIFACT), self.cluster_outputs
         descriptions = tuple(e for e in outputs if e.option == "CONFIG_CLUSTER_DESCRIPTIONS_PATH")
-        for entry in self.of_role(Role.INPUT):
+        for entry in self.of_role(FileRole.INPUT):
             if entry.option in ("CONFIG_CLUSTER_DESCRIPTIONS_PATH", "CONFIG_INITIAL_DELTAS_PATH"):
                 refused = own
             elif entry.option == SIDECAR:
@@ -252,15 +252,15 @@ def _inputs(config: Config, options: Mapping[str, Path | None]) -> tuple[Entry, 
         ("CONFIG_MODEL_PATH", Path(config.model_path), ""),
         ("CONFIG_CLUSTER_DESCRIPTIONS_PATH", config.cluster_descriptions_path, ""),
         ("CONFIG_INITIAL_DELTAS_PATH", config.initial_deltas_path, ""),
-        (SIDECAR, fingerprint_path(config.initial_deltas_path),
-         "the fingerprint sidecar of CONFIG_INITIAL_DELTAS_PATH"),
+        (SIDECAR, sidecar_path(config.initial_deltas_path),
+         "the cluster-map sidecar of CONFIG_INITIAL_DELTAS_PATH"),
         # A GGUF file is named by the path itself (above); a directory's files one by one.
         *(("CONFIG_MODEL_PATH", path, f"a file of the input CONFIG_MODEL_PATH ({path.name})")
           for path in model_files(config.model_path)),
     ]
-    return (*(Entry(option, path, Role.INPUT, what or f"the input {option}") for option, path, what in named
+    return (*(Entry(option, path, FileRole.INPUT, what or f"the input {option}") for option, path, what in named
               if path is not None),
-            *(Entry(option, path, Role.INPUT, f"its own input {option.split()[-1]}", command_line=True)
+            *(Entry(option, path, FileRole.INPUT, f"its own input {option.split()[-1]}", command_line=True)
               for option, path in options.items() if path is not None))
 
 
@@ -271,13 +271,13 @@ def owned_files() -> frozenset[str]:
     from compressor_2.archive import ARCHIVE_FILE
     from compressor_2.engines import LOG_NAME
     from compressor_2.outputs import FITNESS_PLOT, FRONT_PLOT, LENGTHS_PLOT, REPORT_FILE, TREE_FILE, TREE_PLOT
-    from compressor_2.resume import HISTORY_FILE, LOCK_FILE
+    from compressor_2.resume import HISTORY_FILE, RUN_LOCK_FILE
     from compressor_2.run import DELTAS_BEST, PROCESSOR_BEST
     from compressor_2.strategies import load_strategy, strategy_names
 
     shared = {
-        ARCHIVE_FILE, f"{ARCHIVE_FILE}-wal", f"{ARCHIVE_FILE}-shm", f"{ARCHIVE_FILE}-journal", LOCK_FILE,
+        ARCHIVE_FILE, f"{ARCHIVE_FILE}-wal", f"{ARCHIVE_FILE}-shm", f"{ARCHIVE_FILE}-journal", RUN_LOCK_FILE,
         HISTORY_FILE, TREE_FILE, TREE_PLOT, FITNESS_PLOT, LENGTHS_PLOT, FRONT_PLOT, REPORT_FILE, DELTAS_BEST,
-        PROCESSOR_BEST, fingerprint_path(Path(DELTAS_BEST)).name, LOG_NAME,
+        PROCESSOR_BEST, sidecar_path(Path(DELTAS_BEST)).name, LOG_NAME,
     }
     return frozenset(shared.union(*(load_strategy(name).FILES.names() for name in strategy_names())))

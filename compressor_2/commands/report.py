@@ -7,7 +7,7 @@ from __future__ import annotations
 from compressor_2.archive import ARCHIVE_FILE, RunArchive
 from compressor_2.commands.files import Files
 from compressor_2.outputs import REPORT_FILE, write_report
-from compressor_2.verdict import Claims, measured, read_record, refuse_emptied_heldout, refuse_lost, standing
+from compressor_2.findings import Claims, measured, read_tools_record, refuse_emptied_heldout, refuse_lost, standing
 
 
 def run_report(files: Files) -> None:
@@ -22,7 +22,7 @@ def run_report(files: Files) -> None:
         files.check_output(config.output_dir / REPORT_FILE, "report's page", kind="HTML page", run_file=True)
         now = standing(archive)
         # Before report.html is written.
-        refuse_lost(Claims(archive, pool, heldout), measured(now, read_record(archive)))
+        refuse_lost(Claims(archive, pool, heldout), measured(now, read_tools_record(archive)))
         refuse_emptied_heldout(archive, now)
         path = write_report(archive, config.output_dir, pool, heldout, now)
     finally:

@@ -6,7 +6,7 @@ the simpler tools. Without an id: the run summary (strategy, candidates, metric 
 cache hits, reflector tokens, wall time, status and stop reason, best) and the best candidate's
 lineage, one line per ancestor; for the archive strategy its viability rule, its fittest
 members (each marked when not viable) and the feedback log. With an id: that candidate, its parents and children,
-the generations that selected it (seed 002's LLM selection) and why, the reflector
+the generations that selected it (the GA's LLM selection) and why, the reflector
 calls about it, and its answers on the training pool next to the
 unsteered baseline's (the all-zero genome when the run or its checks evaluated it, else
 the run's initial deltas).
@@ -27,7 +27,7 @@ from compressor_2.deltas import by_phase
 from compressor_2.fitness import example_key
 from compressor_2.outputs import status
 from compressor_2.strategies.archive import VIABILITY_META
-from compressor_2.verdict import (
+from compressor_2.findings import (
     BASELINE_ID,
     HELDOUT,
     TRAINING,
@@ -40,7 +40,7 @@ from compressor_2.verdict import (
     does_as_well,
     measured,
     points_claim,
-    read_record,
+    read_tools_record,
     refuse_emptied_heldout,
     refuse_lost,
     standing,
@@ -71,7 +71,7 @@ def front_table(archive: RunArchive, claims: Claims) -> str:
     under each, its claims against the baseline (paired on the same questions); then the
     simpler tools, once measured."""
     now = standing(archive)
-    refuse_lost(claims, measured(now, read_record(archive)))
+    refuse_lost(claims, measured(now, read_tools_record(archive)))
     refuse_emptied_heldout(archive, now)
     front = now.front()
     if not front:
@@ -100,7 +100,7 @@ def front_table(archive: RunArchive, claims: Claims) -> str:
 
 def simpler_lines(archive: RunArchive, claims: Claims, now: Standing) -> list[str]:
     """The simpler tools against the baseline, and against the best; none before they ran."""
-    record = read_record(archive)
+    record = read_tools_record(archive)
     if record is None or now.best is None or now.zeros is None:
         return []
     lines = ["", "the simpler tools, against the baseline (and the best) on the same questions:"]
@@ -249,7 +249,7 @@ def candidate_report(config: Config, archive: RunArchive, cid: int) -> str:
     calls = archive.calls_about(cid)
     if calls:
         lines += ["", "reflector calls about it:"] + [
-            f"  {c.kind} attempt {c.attempt}: {c.verdict} ({c.prompt_tokens}+{c.completion_tokens} tokens, "
+            f"  {c.kind} attempt {c.attempt}: {c.outcome} ({c.prompt_tokens}+{c.completion_tokens} tokens, "
             f"{c.latency:.2f}s)" for c in calls]
     lines += ["", *answers_side_by_side(config, archive, candidate)]
     return "\n".join(lines)

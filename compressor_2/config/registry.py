@@ -6,7 +6,7 @@ configuration reads what a module declares of itself, all optional:
 - `SENTINELS`: those of its options that have no default, refused at their sentinel first;
 - `IDENTITY`: its options in the run identity (`resume.identity.Option`s).
 A strategy's options are read when it is chosen, and whatever the choice when no Kconfig
-menu depends on its entry (every config then sets them: the GA's, seed 000's)."""
+menu depends on its entry (every config then sets them: the GA's)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any
 from compressor_2.common import ConfigError
 from compressor_2.config.kconfig import Reader, choice_names, menu_depends_on
 
-PACKAGE = "compressor_2.strategies"
+STRATEGIES_PACKAGE = "compressor_2.strategies"
 
 
 def strategy_names() -> tuple[str, ...]:
@@ -26,7 +26,7 @@ def strategy_names() -> tuple[str, ...]:
 
 
 def strategy_module(name: str) -> ModuleType:
-    module_name = f"{PACKAGE}.{name}"
+    module_name = f"{STRATEGIES_PACKAGE}.{name}"
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:

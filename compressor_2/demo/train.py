@@ -103,7 +103,7 @@ class TrainingStream:
 _VALUE_OPENING = re.compile(r": \$?")
 
 
-def answer_rows(tokenizer, pairs: list[tuple[str, str]]) -> list[list[Segment]]:
+def answer_segments(tokenizer, pairs: list[tuple[str, str]]) -> list[list[Segment]]:
     """The chat-template prompt (no loss), then the answer and EOS (loss)."""
     return [[(render_prompt(tokenizer, p), False), (a + tokenizer.eos_token, True)] for p, a in pairs]
 
@@ -223,7 +223,7 @@ def train(settings: TrainSettings, out: Path, log_every: int = 50) -> dict[str, 
             for group in optimizer.param_groups:
                 group["lr"] = _learning_rate(settings, step, progress)
             recalls = round(settings.batch_size * settings.recall_share)
-            rows = stream.recalls(recalls) + answer_rows(tokenizer, stream.answers(settings.batch_size - recalls))
+            rows = stream.recalls(recalls) + answer_segments(tokenizer, stream.answers(settings.batch_size - recalls))
             ids, labels = encode_rows(tokenizer, rows)
             loss = answer_loss(model, ids, labels)
             optimizer.zero_grad(set_to_none=True)

@@ -1,5 +1,5 @@
 """Where an answer could have stopped: its shortest prefix, token by token, that a judge
-already accepts. The stop oracle (verdict/stop_oracle.py) and the local reflector's padding
+already accepts. The stop oracle (findings/stop_oracle.py) and the local reflector's padding
 evidence (reflector/evidence.py) read answers by it.
 
 A prefix that ends inside one of the whole answer's figures or numbers is no stopping point

@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
 
 from compressor_2.common import atomic_write_bytes  # noqa: E402
-from compressor_2.verdict import Point, pareto_front  # noqa: E402
+from compressor_2.findings import Point, pareto_front  # noqa: E402
 
 FITNESS_PLOT = "fitness_vs_generation.png"
 LENGTHS_PLOT = "evolution_lengths.png"
@@ -58,7 +58,7 @@ def plot_lengths(history: Sequence[dict[str, Any]], path: Path) -> None:
 
 
 def plot_archive(snapshots: Sequence[dict[str, Any]], path: Path) -> None:
-    """Seed 003's telemetry: the archive's best fitness and its p10 / p50 / p90 against the
+    """The archive strategy's telemetry: the archive's best fitness and its p10 / p50 / p90 against the
     metric calls spent."""
     calls = [s["metric_calls"] for s in snapshots]
     fig, ax = plt.subplots(figsize=(7, 4))

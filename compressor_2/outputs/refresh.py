@@ -29,7 +29,7 @@ from compressor_2.outputs.plots import (
 )
 from compressor_2.outputs.report import write_report
 from compressor_2.outputs.tree import TREE_FILE, TREE_PLOT, EvolutionTree
-from compressor_2.verdict import standing
+from compressor_2.findings import standing
 
 SHARE = 0.01  # of a run's wall time, at most, spent drawing between steps
 FIRST_DRAWING = 1.0  # seconds: a small run's drawing, until one is measured

@@ -27,7 +27,7 @@ from compressor_2.judges import gold_kind
 from compressor_2.outputs.plots import FITNESS_PLOT, FRONT_PLOT, LENGTHS_PLOT
 from compressor_2.outputs.tree import TREE_PLOT
 from compressor_2.resume import IDENTITY_KEY, IN_SEARCH
-from compressor_2.verdict import (
+from compressor_2.findings import (
     BASELINE_ID,
     HELDOUT,
     TRAINING,
@@ -36,13 +36,13 @@ from compressor_2.verdict import (
     Standing,
     arm_results,
     ci,
+    difference_in_words,
     does_as_well,
     p_text,
-    read_record,
+    read_tools_record,
+    simpler_advice,
     standing,
     tool_rows,
-    tools_verdict,
-    verdict,
 )
 
 REPORT_FILE = "report.html"
@@ -132,7 +132,7 @@ def render(archive: RunArchive, out: Path, pool: Sequence[Example], heldout: Seq
         lineage = [now.candidates[a] for a in archive.lineage().ancestors(now.best.id)] + [now.candidates[now.best.id]]
     zeros = Arm(now.zeros or "")
     best_arm = Arm(best_genome or "")
-    record = read_record(archive) if best_genome is not None and now.zeros is not None else None
+    record = read_tools_record(archive) if best_genome is not None and now.zeros is not None else None
     tools = tool_rows(claims, record, now.zeros or "", best_genome or "") if record is not None else []
     in_search = _recorded(archive, IN_SEARCH) not in ("", "n")  # the run's prompts carry the instruction
     arms_split, arms = ("", []) if record is None else arm_results(claims, record, now.zeros or "", best_genome or "")
@@ -152,9 +152,9 @@ def render(archive: RunArchive, out: Path, pool: Sequence[Example], heldout: Seq
         front=[(p, held, claims.paired(zeros, Arm(now.genome(p.id)), HELDOUT if held else TRAINING))
                for p, held in now.front()],
         best_training=claims.paired(zeros, best_arm, TRAINING), best_claim=claims.paired(zeros, best_arm, HELDOUT),
-        tools=tools, tools_verdict=tools_verdict(tools, claims.level) if tools else "",
+        tools=tools, tools_advice=simpler_advice(tools, claims.level) if tools else "",
         arms=arms, arms_heldout=arms_split == HELDOUT, instruction_in_search=in_search,
-        eos_tried=record.eos if record is not None else (), level=ci(claims.level), p_text=p_text, verdict=verdict,
+        eos_tried=record.eos if record is not None else (), level=ci(claims.level), p_text=p_text, difference_in_words=difference_in_words,
         does_as_well=does_as_well,
         judge=judge, judge_warning=weak_gold_warning(judge, (*pool, *heldout)),
         front_image=_data_uri(out / FRONT_PLOT), figures=_figures(out), tree_image=_data_uri(out / TREE_PLOT),

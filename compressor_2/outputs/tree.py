@@ -1,4 +1,4 @@
-"""The evolution tree (seed 000 §8): who came from whom, with stable node ids.
+"""The evolution tree: who came from whom, with stable node ids.
 
 Nodes: `g{g}_pop{i}` (population member i at the start of generation g),
 `g{g}_child{j}_pre` (offspring j after crossover or cloning, evaluated) and
@@ -6,7 +6,7 @@ Nodes: `g{g}_pop{i}` (population member i at the start of generation g),
 strategy places each kept candidate once, `c{id}` (stage "cand", in the column of the
 iteration that made it), with edges from its parents wherever they stand; a GEPA merge
 also gets a dashed "ancestor" edge from the common ancestor it was merged over.
-With LLM selection (seed 002) a population node the selector chose carries `selected`
+With LLM selection (CONFIG_SELECTION="llm") a population node the selector chose carries `selected`
 (its category) and `reasoning`, and is drawn with a ring in its category's colour.
 Edges: "parent" (pop -> pre; two for a crossover, one for a clone), "mutation"
 (pre -> mut), and "carry" (an elite or final offspring -> its place in the next
@@ -98,7 +98,7 @@ class EvolutionTree:
                 for parent_stage, parent_label in placed.get((generation, parent), []):
                     if parent_stage == wanted:
                         graph.add_edge(parent_label, label, kind=kind)
-        for cid, _, _, ancestor, _, _ in archive.merges():  # seed 004: a merge's common ancestor
+        for cid, _, _, ancestor, _, _ in archive.merges():  # GEPA: a merge's common ancestor
             if cid in by_candidate and ancestor in by_candidate:
                 graph.nodes[by_candidate[cid]]["merge_ancestor"] = ancestor
                 graph.add_edge(by_candidate[ancestor], by_candidate[cid], kind="ancestor")

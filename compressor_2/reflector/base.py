@@ -32,7 +32,7 @@ class Usage:
 
 @dataclass(frozen=True)
 class MutationRequest:
-    """Seed 000 §3: change the delta of `target` (fixed by the driver's round robin)."""
+    """Mutation: change the delta of `target` (fixed by the driver's round robin)."""
 
     generation: int
     child: int  # offspring index j, for the prompt log
@@ -42,13 +42,13 @@ class MutationRequest:
     fitness: float
     records: Sequence[Record]  # the individual's own training answers (or an issue batch)
     candidate: int | None = None  # the archive id of the individual mutated
-    feedback: tuple[str, ...] = ()  # seed 003's memory of earlier proposals, shown after the answers
+    feedback: tuple[str, ...] = ()  # the archive strategy's feedback memory, shown after the answers
     evidence: Evidence | None = None  # the stop oracle's, per record (CONFIG_REFLECTOR_PADDING_EVIDENCE)
 
 
 @dataclass(frozen=True)
 class MergeRequest:
-    """Seed 000 §4: one scratchpad for the child of parents A and B."""
+    """Merge: one scratchpad for the child of parents A and B."""
 
     generation: int
     child: int
@@ -62,7 +62,7 @@ class MergeRequest:
 
 @dataclass(frozen=True)
 class VectorRequest:
-    """Seed 001 §4: propose every delta at once; the scratchpad is the evolving summary."""
+    """Full-vector mutation: propose every delta at once; the scratchpad is the evolving summary."""
 
     generation: int
     child: int
@@ -77,7 +77,7 @@ class VectorRequest:
 
 @dataclass(frozen=True)
 class PopulationMember:
-    """One population member as the selection call sees it (seed 002's trial result)."""
+    """One population member as the selection call sees it (its trial result)."""
 
     candidate_id: int
     fitness: float
@@ -92,7 +92,7 @@ class PopulationMember:
 
 @dataclass(frozen=True)
 class SelectionRequest:
-    """Seed 002: which members carry forward; `members` in population order."""
+    """LLM selection: which members carry forward; `members` in population order."""
 
     generation: int
     members: tuple[PopulationMember, ...]

@@ -9,7 +9,7 @@ run archive, a state file, the history or the prompt log holds it.
   full-vector summary before it joins the scratchpad) keeps its first TEXT_MAX_CHARS;
 - the raw reply in the prompt log keeps its first REPLY_LOG_MAX_CHARS, and an API error
   or a rejection's reason its first NOTE_MAX_CHARS; a refused value is shown in at most
-  SHOWN_CHARS (`json_values.shown`).
+  REFUSED_VALUE_CHARS (`json_values.shown`).
 
 Every text is masked before it is cut: a key cut in two no longer matches the mask.
 """
@@ -22,7 +22,7 @@ SCRATCHPAD_MAX_CHARS = 16_000
 TEXT_MAX_CHARS = 2_000
 REPLY_LOG_MAX_CHARS = 64_000
 NOTE_MAX_CHARS = 1_000
-SHOWN_CHARS = 80
+REFUSED_VALUE_CHARS = 80
 
 
 def keep_recent(text: str, limit: int = SCRATCHPAD_MAX_CHARS) -> str:

@@ -27,7 +27,7 @@ incorrect answer lacks), it is read first:
 - EOS in phase p goes down when an incorrect answer ended in phase p with fewer figures than
   the gold, else up when answers could have stopped in phase p (their first padding token was
   chosen there); when neither happened there, the rule above decides.
-- Any other (phase, cluster) pair, without a verdict of its lineage on it, goes down when it
+- Any other (phase, cluster) pair, without a note of its lineage on it, goes down when it
   carries a larger share of all the padding than of the tokens the answers keep; otherwise the
   rules above decide. In full-vector mode a pair that carries padding outranks any share
   difference.
@@ -70,9 +70,9 @@ GROW, SHRINK = 1.5, 0.5
 STEP_RANGE = (1 / 16, 8.0)  # the step stays within these multiples of the initial step
 JITTER = (0.8, 1.25)
 VECTOR_MOVES = 3  # clusters a full-vector proposal moves: EOS and the two with the strongest evidence
-MEMORY_STRENGTH = 3.0  # a lineage's verdict on a move outweighs any share difference (those sum to at most 2)
+MEMORY_STRENGTH = 3.0  # a lineage's note on a move outweighs any share difference (those sum to at most 2)
 # A pair that carries more of the padding than of the kept tokens outweighs any share difference, not a
-# lineage's verdict.
+# lineage's note.
 PADDING_STRENGTH = 2.0
 SHOWN_TOKENS = 4  # the stop tokens a note names
 
@@ -92,11 +92,11 @@ class Move:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class MoveOutcome:
     generation: int
     cluster: str
     direction: int
-    verdict: str
+    effect: str  # what the move did to the fitness, as the note says it
 
 
 def is_eos(gene: str) -> bool:
@@ -123,11 +123,11 @@ def parse_moves(lines: Sequence[str]) -> list[Move]:
     return moves
 
 
-def parse_outcomes(lines: Sequence[str]) -> list[Outcome]:
+def parse_outcomes(lines: Sequence[str]) -> list[MoveOutcome]:
     outcomes = []
     for line in lines:
         if m := _OUTCOME.match(line):
-            outcomes.append(Outcome(int(m.group(1)), m.group(2), 1 if m.group(3) == "up" else -1,
+            outcomes.append(MoveOutcome(int(m.group(1)), m.group(2), 1 if m.group(3) == "up" else -1,
                                     m.group(4)))
     return outcomes
 
@@ -209,7 +209,7 @@ class LocalProposer:
         scratchpad = "\n".join(keep_recent(lines + notes))
         return Reply(json.dumps({"delta": new, "scratchpad": scratchpad}), Usage(calls=1))
 
-    # -- full-vector mutation (seed 001 §4) ---------------------------------------------
+    # -- full-vector mutation ------------------------------------------------------------
 
     def vector_mutation(self, request: VectorRequest, messages: list[Message], attempt: int) -> Reply:
         """Moves EOS (in every phase) and the VECTOR_MOVES - 1 clusters with the strongest evidence at once,
@@ -253,7 +253,7 @@ class LocalProposer:
                 f"{request.fitness:.4f}, {mean_tokens:.1f} tokens, {_percent(correct)} correct.")
         return Reply(json.dumps({"deltas": deltas, "summary": "\n".join(notes)}), Usage(calls=1))
 
-    # -- selection (seed 002) ------------------------------------------------------------
+    # -- selection ----------------------------------------------------------------------
 
     def selection(self, request: SelectionRequest, messages: list[Message], attempt: int) -> Reply:
         """performance: the fittest; diversity: the farthest from it in delta space among the
@@ -294,18 +294,18 @@ class LocalProposer:
         way = "up" if move.direction > 0 else "down"
         if now > before:
             step = min(move.step * GROW, high)
-            verdict = f"paid off (fitness {before:.4f} -> {now:.4f}), so the step grows to {step:.4f}"
+            effect = f"paid off (fitness {before:.4f} -> {now:.4f}), so the step grows to {step:.4f}"
         elif now < before:
             step = max(move.step * SHRINK, low)
-            verdict = f"did not pay off (fitness {before:.4f} -> {now:.4f}), so the step shrinks to {step:.4f}"
+            effect = f"did not pay off (fitness {before:.4f} -> {now:.4f}), so the step shrinks to {step:.4f}"
             if not is_eos(move.cluster):  # EOS follows the cut-short evidence instead
-                verdict += f" and cluster {move.cluster} goes the other way next time"
+                effect += f" and cluster {move.cluster} goes the other way next time"
         else:
             step = move.step
-            verdict = f"made no difference (fitness {now:.4f})"
-        return step, f"g{request.generation}: moving cluster {move.cluster} {way} {verdict}."
+            effect = f"made no difference (fitness {now:.4f})"
+        return step, f"g{request.generation}: moving cluster {move.cluster} {way} {effect}."
 
-    def _direction(self, request: MutationRequest, memory: Outcome | None,
+    def _direction(self, request: MutationRequest, memory: MoveOutcome | None,
                    reading: Reading | None = None) -> tuple[int, str, float]:
         """(direction, reason, strength of the evidence): EOS and a lineage's memory are the
         strongest, a probe of an unseen cluster the weakest. With the stop oracle's evidence
@@ -316,7 +316,7 @@ class LocalProposer:
             phased = phase_count(request.deltas) > 1
             if is_eos(request.target):
                 found = eos_direction(request.target, reading, phased)
-            elif memory is None or memory.verdict == "made no difference":
+            elif memory is None or memory.effect == "made no difference":
                 found = padding_direction(request.target, reading)
         direction, reason, strength = found or self._without_evidence(request, memory)
         needed = reading.needed[split_gene(request.target)[1]] if reading is not None else 0
@@ -325,7 +325,7 @@ class LocalProposer:
                        "lowered"), 0.0
         return direction, reason, strength
 
-    def _without_evidence(self, request: MutationRequest, memory: Outcome | None) -> tuple[int, str, float]:
+    def _without_evidence(self, request: MutationRequest, memory: MoveOutcome | None) -> tuple[int, str, float]:
         """The rules that read the answers alone (the module docstring)."""
         records = request.records
         correct = np.array([r.is_correct for r in records], dtype=bool)
@@ -337,9 +337,9 @@ class LocalProposer:
                 return -1, (f"{cut_short} incorrect answer(s) are shorter than their gold answer, "
                             "so answers seem to stop before giving all the information"), math.inf
             return 1, "no incorrect answer is shorter than its gold answer, so answers can end sooner", math.inf
-        if memory is not None and memory.verdict != "made no difference":
+        if memory is not None and memory.effect != "made no difference":
             way = "up" if memory.direction > 0 else "down"
-            if memory.verdict == "paid off":
+            if memory.effect == "paid off":
                 return memory.direction, f"moving it {way} paid off last time", MEMORY_STRENGTH
             return -memory.direction, f"moving it {way} did not pay off last time", MEMORY_STRENGTH
 

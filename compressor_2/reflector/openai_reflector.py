@@ -40,8 +40,8 @@ from compressor_2.reflector.base import (
 )
 from compressor_2.reflector.prompts import MERGE_SCHEMA, MUTATION_SCHEMA, SELECTION_SCHEMA, vector_schema
 
-# Seed 002's selection request: "max_tokens=2048, temperature=0.5  # Lower temp for more
-# deterministic selection". The other calls leave both to the server, as seed 000 does.
+# The selection request is sent at a lower temperature, for a more deterministic choice;
+# the other calls leave both settings to the server.
 SELECTION_SETTINGS: dict[str, Any] = {"temperature": 0.5, "max_tokens": 2048}
 CLOSE_SECONDS = 5.0  # closing the client's connections, once every call is cancelled
 

@@ -1,6 +1,7 @@
-"""One text file per reflector attempt under output_dir/reflector_prompts/ (seed 000 §8):
-the exact messages, the raw reply (its first REPLY_LOG_MAX_CHARS characters, masked
-before it is cut) and the verdict. Headers, keys and URLs never appear."""
+"""One text file per reflector attempt under output_dir/reflector_prompts/: the
+exact messages, the raw reply (its first REPLY_LOG_MAX_CHARS characters, masked
+before it is cut) and the attempt's outcome (under the header `verdict`). Headers, keys
+and URLs never appear."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ class PromptLog:
         return self.directory / f"gen_{generation}_{call}{about}_attempt{attempt}.txt"
 
     def write(self, generation: int, call: str, child: int | None, attempt: int,
-              indices: Mapping[str, object], messages: list[Message], reply: Reply, verdict: str) -> None:
+              indices: Mapping[str, object], messages: list[Message], reply: Reply, outcome: str) -> None:
         header = {"generation": generation, "call": call, **({"child": child} if child is not None else {}), **indices,
                   "attempt": attempt, "reflector": self.reflector}
         parts = [*(f"{key}: {value}" for key, value in header.items())]
@@ -34,7 +35,7 @@ class PromptLog:
         parts += ["===== reply =====",
                   keep_first(scrub(reply.content), REPLY_LOG_MAX_CHARS) if reply.content is not None
                   else f"(call failed: {reply.error})",
-                  "===== verdict =====", verdict,
+                  "===== verdict =====", outcome,
                   f"usage: prompt_tokens={reply.usage.prompt_tokens} "
                   f"completion_tokens={reply.usage.completion_tokens}"]
         atomic_write_text(self.path(generation, call, child, attempt), scrub("\n".join(parts) + "\n"))

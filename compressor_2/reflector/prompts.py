@@ -1,5 +1,5 @@
-"""Every reflector prompt in one place: seed 000's mutation and merge (§3.1, §4.1) and seed
-001's full-vector mutation (§4.2) verbatim, seed 002's selection request written for our
+"""Every reflector prompt in one place: the mutation, merge and full-vector mutation
+prompts word for word as the design gives them, the selection request written for our
 domain; their strict JSON schemas; and the substitution that turns a request into the
 exact messages sent and logged."""
 
@@ -202,7 +202,7 @@ SELECTION_SCHEMA: dict[str, Any] = {
 
 
 def vector_schema(cluster_ids: Sequence[str]) -> dict[str, Any]:
-    """Seed 001 §4.4: exactly the cluster ids, each a number, and the summary."""
+    """Exactly the cluster ids, each a number, and the summary."""
     return {
         "type": "object",
         "properties": {
@@ -273,7 +273,7 @@ def responses_block(records: Sequence[Record], answer_max_chars: int, evidence: 
 
 
 def feedback_block(feedback: Sequence[str]) -> str:
-    """Seed 003's feedback memory: what earlier proposals near this lineage changed and what
+    """The archive strategy's feedback memory: what earlier proposals near this lineage changed and what
     came of it; empty without any."""
     if not feedback:
         return ""

@@ -1,12 +1,12 @@
 """The validation rules, in one place for every proposer:
 
-- mutation (seed 000 §8): a non-numeric delta, or one equal to the current value, is
+- mutation: a non-numeric delta, or one equal to the current value, is
   invalid -> retry once -> still invalid: skip the mutation;
-- full-vector mutation (seed 001 §4.4, with 000's rule): other ids than the clusters',
+- full-vector mutation (with the mutation's rule): other ids than the clusters',
   a non-finite value, or a vector equal to the current one is invalid -> retry once ->
   skip the mutation;
 - merge: invalid JSON or no string `scratchpad` -> retry once -> parent A's scratchpad;
-- selection (seed 002): not JSON, fewer than 2 or more than 5 selections, an unknown or
+- selection: not JSON, fewer than 2 or more than 5 selections, an unknown or
   repeated candidate id, or a category outside the three is invalid -> retry once ->
   the caller falls back to its automatic selection.
 
@@ -87,7 +87,7 @@ def _json_object(reply: Reply) -> dict[str, Any]:
 
 def _shown(value: Any) -> str:
     """A refused value inside a rejection's reason: masked, then cut."""
-    return shown(value, limits.SHOWN_CHARS)
+    return shown(value, limits.REFUSED_VALUE_CHARS)
 
 
 def _scratchpad(data: Mapping[str, Any]) -> str:
@@ -308,13 +308,13 @@ class ValidatingReflector:
             with self._lock:
                 del self._waiting[ticket]
 
-    def _finish(self, call: Call, attempt: int, messages: list[dict[str, str]], reply: Reply, verdict: str,
+    def _finish(self, call: Call, attempt: int, messages: list[dict[str, str]], reply: Reply, outcome: str,
                 latency: float) -> None:
         """One attempt done: to the prompt log and the archive."""
-        verdict = limits.note(verdict)
+        outcome = limits.note(outcome)
         if self.log is not None:
-            self.log.write(call.generation, call.kind, call.child, attempt, call.indices, messages, reply, verdict)
+            self.log.write(call.generation, call.kind, call.child, attempt, call.indices, messages, reply, outcome)
         if self.recorder is not None:
             self.recorder(CallRecord(call.kind, call.candidate, call.related, call.generation, attempt,
                                      reply.usage.prompt_tokens, reply.usage.completion_tokens, round(latency, 6),
-                                     verdict))
+                                     outcome))

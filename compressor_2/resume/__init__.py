@@ -9,13 +9,13 @@ from compressor_2.resume.identity import (
     CONCURRENCY, IDENTITY_KEY, IN_SEARCH, STEPS, Option, RunInputs, check_identity, check_settings, compared,
     model_identity, recorded_context,
 )
-from compressor_2.resume.lock import LOCK_FILE, check_lock_file, check_not_in_use, run_lock
+from compressor_2.resume.lock import RUN_LOCK_FILE, check_lock_file, check_not_in_use, run_lock
 from compressor_2.resume.state import (
     GLOBAL_RNGS, Member, RunFiles, Saved, StateFormat, candidate_ids, capture_rngs, check_state, held_list, read_member,
     read_state, restore_rngs, save_state, seed_rng, state_json,
 )
 
-__all__ = ["CONCURRENCY", "GLOBAL_RNGS", "HISTORY_FILE", "IDENTITY_KEY", "IN_SEARCH", "LOCK_FILE", "STEPS",
+__all__ = ["CONCURRENCY", "GLOBAL_RNGS", "HISTORY_FILE", "IDENTITY_KEY", "IN_SEARCH", "RUN_LOCK_FILE", "STEPS",
            "FieldError", "Member", "Option", "RunFiles", "RunInputs", "Saved", "Score", "StateFormat", "Work", "append_log",
            "candidate_ids", "capture_rngs", "check_identity", "check_lock_file", "check_not_in_use", "check_settings",
            "check_state", "compared", "held_list", "load_history", "log_lines", "model_identity", "read_member", "read_state",

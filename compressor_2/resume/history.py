@@ -29,7 +29,7 @@ PLOTTED = ("best_fitness", "mean_fitness", "best_ever_fitness", "mean_tokens", "
 
 @dataclass
 class Work:
-    """What one generation did; counts the seed's §1 quantities."""
+    """What one generation did, counted: evaluations, answers, operators, reflector calls."""
 
     evaluations_run: int = 0  # genomes generated and judged
     cache_hits: int = 0  # genomes served from the cache

@@ -34,7 +34,7 @@ from compressor_2.fitness import example_key
 from compressor_2.model_digest import model_digest
 
 IDENTITY_KEY = "identity"  # in the archive's meta table
-DIGEST_CHARS = 16
+SETTING_DIGEST_CHARS = 16
 SHORT_VALUE = 120  # characters: longer values are recorded as a digest
 IN_SEARCH = "CONFIG_INSTRUCTION_IN_SEARCH (y: the instruction it adds)"  # its setting's name; "n" when off
 
@@ -100,7 +100,7 @@ def _initial(inputs: RunInputs) -> str | None:
 
 
 def _digest(value: object) -> str:
-    return hashlib.sha256(json.dumps(value).encode()).hexdigest()[:DIGEST_CHARS]
+    return hashlib.sha256(json.dumps(value).encode()).hexdigest()[:SETTING_DIGEST_CHARS]
 
 
 def model_identity(config: Config) -> str:
@@ -143,7 +143,7 @@ COMPARE = ("which simpler tools are measured after the search; the search never 
 HOLDOUT = ("which questions the held-out check measures after the search; the search never reads them: the next "
            "check measures the new set, reusing cached answers of questions both sets hold")
 
-IDENTITY: tuple[Setting, ...] = (
+SHARED_SETTINGS: tuple[Setting, ...] = (
     # What is optimised and how it is scored.
     Setting("CONFIG_STRATEGY_*", ("STRATEGY_*",), lambda c, _: c.strategy),
     Setting("CONFIG_LAMBDA_SHORTNESS (normalised)", ("LAMBDA_SHORTNESS",), lambda c, _: c.lambda_shortness),
@@ -164,7 +164,7 @@ IDENTITY: tuple[Setting, ...] = (
     Setting("CONFIG_CORRECTNESS_TOLERANCE", ("CORRECTNESS_TOLERANCE",), lambda c, _: c.correctness_tolerance),
     Setting("CONFIG_JUDGE_MODEL", ("JUDGE_MODEL",), lambda c, _: c.judge_model if c.judge != "numeric" else None),
     Setting("the clusters (digest of the token -> cluster map)", ("CLUSTER_DIR", "CLUSTER_DESCRIPTIONS_PATH"),
-            lambda _, i: i.clusters[:DIGEST_CHARS] if i.clusters is not None else None),
+            lambda _, i: i.clusters[:SETTING_DIGEST_CHARS] if i.clusters is not None else None),
     Setting("CONFIG_EMBEDDING_MODEL", ("EMBEDDING_MODEL",), lambda c, _: c.embedding_model),
     Setting("CONFIG_PCA_COMPONENTS", ("PCA_COMPONENTS",), lambda c, _: c.pca_components),
     Setting("CONFIG_NUM_CLUSTERS", ("NUM_CLUSTERS",), lambda c, _: c.num_clusters),
@@ -225,13 +225,13 @@ MAY_CHANGE: tuple[Setting, ...] = (
 def settings(strategy: str) -> tuple[Setting, ...]:
     """The settings of a run of `strategy`: the shared ones, and its options as its module
     declares them."""
-    return (*IDENTITY, *(_option(strategy, option) for option in registry.identity(strategy)), *MAY_CHANGE)
+    return (*SHARED_SETTINGS, *(_option(strategy, option) for option in registry.identity(strategy)), *MAY_CHANGE)
 
 
 def every_setting() -> tuple[Setting, ...]:
     """The shared settings and every strategy's options: each Kconfig symbol's one place."""
     options = [_option(name, option) for name in registry.strategy_names() for option in registry.identity(name)]
-    return (*IDENTITY, *options, *MAY_CHANGE)
+    return (*SHARED_SETTINGS, *options, *MAY_CHANGE)
 
 
 def __getattr__(name: str) -> object:
@@ -341,7 +341,7 @@ def _recorded(archive: RunArchive, stored: str) -> dict[str, str]:
 
 def _check_unrecorded(archive: RunArchive, config: Config, context: str) -> None:
     """What a run started before identities were recorded did record: its strategy and the
-    fingerprint of the settings that make an answer and its verdict."""
+    answer context (the digest of the settings that make an answer and its verdict)."""
     lines = []
     strategy = archive.meta("strategy")
     if strategy is not None and strategy != config.strategy:
@@ -349,7 +349,7 @@ def _check_unrecorded(archive: RunArchive, config: Config, context: str) -> None
     recorded = archive.meta("context")
     if recorded is not None and recorded != context:
         lines.append("the model, engine, clusters, CONFIG_MAX_NEW_TOKENS, CONFIG_TEMPERATURE, judge or tolerance "
-                     "(recorded as one fingerprint): changed since the run started")
+                     "(recorded as one answer context): changed since the run started")
     if lines:
         raise ConfigError(
             f"'{archive.path}' holds a run started with other settings, and a resume must not change them:",

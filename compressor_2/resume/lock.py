@@ -19,7 +19,7 @@ from pathlib import Path
 
 from compressor_2.common import ConfigError, RunError, file_kind
 
-LOCK_FILE = "run.lock"
+RUN_LOCK_FILE = "run.lock"
 _PID_CHARS = 32  # of run.lock read back for a message
 _OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -31,7 +31,7 @@ def run_lock(directory: Path) -> Iterator[None]:
     directory.mkdir(parents=True, exist_ok=True)
     fd = _locked(directory)
     try:
-        _write_pid(directory / LOCK_FILE)
+        _write_pid(directory / RUN_LOCK_FILE)
         yield
     finally:
         os.close(fd)
@@ -86,14 +86,14 @@ def _write_pid(path: Path) -> None:
 def _holder(directory: Path) -> str:
     """The pid run.lock names, read without blocking on whatever stands there."""
     try:
-        fd = os.open(directory / LOCK_FILE, os.O_RDONLY | _OPEN_FLAGS)
+        fd = os.open(directory / RUN_LOCK_FILE, os.O_RDONLY | _OPEN_FLAGS)
     except FileNotFoundError:
-        return f"unknown: {LOCK_FILE} was removed"
+        return f"unknown: {RUN_LOCK_FILE} was removed"
     except OSError:
-        return f"unknown: {LOCK_FILE} cannot be read"
+        return f"unknown: {RUN_LOCK_FILE} cannot be read"
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return f"unknown: {LOCK_FILE} is not a regular file"
+            return f"unknown: {RUN_LOCK_FILE} is not a regular file"
         text = os.read(fd, _PID_CHARS).decode("utf-8", errors="replace").strip()
     finally:
         os.close(fd)

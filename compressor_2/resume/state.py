@@ -1,8 +1,8 @@
 """One state format for every strategy: the file a rerun resumes from.
 
 A state file is one JSON object:
-- the step to run next, under the strategy's own key (`generation` for the GA, seed 000
-  §2, and CMA-ES; `iteration` for the others);
+- the step to run next, under the strategy's own key (`generation` for the GA and
+  CMA-ES; `iteration` for the others);
 - `rng`: exactly the generators the strategy draws from (the global `random` and numpy
   ones for the GA and the numeric baselines, its own `random.Random` for the archive and
   GEPA), so a resumed run draws what an uninterrupted one would have;

@@ -1,4 +1,4 @@
-"""The best-ever individual (seed 000 §1): updated whenever a newly evaluated individual is
+"""The best-ever individual: updated whenever a newly evaluated individual is
 strictly fitter, with deltas_best.json and processor_best.py rewritten each time; a genome
 with a delta that is not a finite number is never taken. A resume restores it from what
 the run recorded (the state file or the archive) and writes both files again: they are
@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from compressor_2.common import atomic_write_json, say
-from compressor_2.deltas import deltas_document, fingerprint_path, write_fingerprint
+from compressor_2.deltas import deltas_document, sidecar_path, write_sidecar
 from compressor_2.fitness import Evaluation
 from compressor_2.resume import Member
 
@@ -23,9 +23,9 @@ WriteProcessor = Callable[[Path, Path], object]  # (deltas JSON, processor modul
 
 
 class BestEver:
-    def __init__(self, output_dir: Path, write_processor: WriteProcessor, cluster_fingerprint: str = "") -> None:
+    def __init__(self, output_dir: Path, write_processor: WriteProcessor, map_digest: str = "") -> None:
         self.output_dir = output_dir
-        self.cluster_fingerprint = cluster_fingerprint
+        self.map_digest = map_digest
         self.write_processor = write_processor
         self.member: Member | None = None
         self.fitness: float | None = None
@@ -63,12 +63,12 @@ class BestEver:
             return
         for name in (DELTAS_BEST, PROCESSOR_BEST):
             (self.output_dir / name).unlink(missing_ok=True)
-        fingerprint_path(self.output_dir / DELTAS_BEST).unlink(missing_ok=True)
+        sidecar_path(self.output_dir / DELTAS_BEST).unlink(missing_ok=True)
 
     def _write(self) -> None:
         assert self.member is not None
         deltas_path = self.output_dir / DELTAS_BEST
         atomic_write_json(deltas_path, deltas_document(self.member.deltas))
-        if self.cluster_fingerprint:
-            write_fingerprint(deltas_path, self.cluster_fingerprint)
+        if self.map_digest:
+            write_sidecar(deltas_path, self.map_digest)
         self.write_processor(deltas_path, self.output_dir / PROCESSOR_BEST)

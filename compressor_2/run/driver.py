@@ -67,7 +67,7 @@ from compressor_2.run.budget import BudgetReached
 from compressor_2.run.idle import IdleSteps
 from compressor_2.run.services import Run, resume_command
 from compressor_2.run.watch import CallWatch
-from compressor_2.verdict import standing
+from compressor_2.findings import standing
 
 @dataclass(frozen=True)
 class Report:
@@ -144,7 +144,7 @@ class Driver:
         self.history: list[dict[str, Any]] = []
         self.saved: Saved[Any] | None = None
         self.idle = IdleSteps(run.config.max_idle_steps)
-        self.replies_seen = run.archive.verdicts()[0]  # the newest reflector call the step boundaries have seen
+        self.replies_seen = run.archive.reply_tally().newest  # the newest reflector call the step boundaries have seen
         self.refresh = Refresh(run.archive, run.out, run.examples, run.heldout, strategy.progress_plot)
 
     def drive(self) -> str:
@@ -332,15 +332,15 @@ class Driver:
 
     def _report_invalid_replies(self) -> None:
         """One line when most reflector replies since the last step boundary were invalid."""
-        newest, calls, accepted, last = self.archive.verdicts(after=self.replies_seen)
-        self.replies_seen = newest
-        if 2 * (calls - accepted) > calls:
-            say(f"warning: {calls - accepted} of {calls} reflector replies of the last step were invalid (the last: "
-                f"{last}); the replies are in {self.run.out / PROMPT_DIR}")
+        tally = self.archive.reply_tally(after=self.replies_seen)
+        self.replies_seen = tally.newest
+        if 2 * (tally.calls - tally.accepted) > tally.calls:
+            say(f"warning: {tally.calls - tally.accepted} of {tally.calls} reflector replies of the last step were "
+                f"invalid (the last: {tally.last_rejection}); the replies are in {self.run.out / PROMPT_DIR}")
 
     def _nothing_evolved(self) -> str | None:
         """Why the run failed when the reflector answered and not one reply was valid."""
-        _, calls, accepted, last = self.archive.verdicts()
+        _, calls, accepted, last = self.archive.reply_tally()
         if calls == 0 or accepted:
             return None
         return (f"none of the reflector's {calls} replies in this run was valid (the last: {last}), so it evolved "

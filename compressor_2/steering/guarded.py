@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 STEER = "compressor_2.steering.processor:steer"
-PACKAGE = STEER.split(".", 1)[0]
+STEER_PACKAGE = STEER.split(".", 1)[0]
 # Protocol 4: every Python that SGLang 0.5.23 runs on reads it.
 PROTOCOL = 4
 
@@ -48,7 +48,7 @@ class _Call:
 def guarded_spec() -> str:
     """The `custom_logit_processor` string that steers with compressor_2's processor where
     the server can import it, and leaves the logits alone where it cannot."""
-    importable = _Call(operator.is_not, _Call(importlib.util.find_spec, PACKAGE), None)
+    importable = _Call(operator.is_not, _Call(importlib.util.find_spec, STEER_PACKAGE), None)
     # SGLang calls what the string loads to with no arguments, then the result with
     # (logits, params): both branches are callables that build such a processor.
     identity = functools.partial(functools.partial, max, key=callable)

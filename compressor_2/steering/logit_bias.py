@@ -22,15 +22,15 @@ import numpy as np
 from compressor_2.clusters.clusterset import ClusterSet, cluster_map_digest
 from compressor_2.common import ConfigError, atomic_write_text, check_readable_file, shown
 from compressor_2.deltas import (
-    check_fingerprint,
-    fingerprint_path,
+    PHASES_KEY,
+    check_map_digest,
     load_deltas,
-    recorded_fingerprint,
+    recorded_map_digest,
+    sidecar_path,
     to_list,
-    write_fingerprint,
+    write_sidecar,
 )
 
-PHASES_KEY = "phases"  # a deltas file with several phases holds its vectors under it
 PHASES_REFUSAL = ("holds deltas by answer phase ({count} phases), and a logit_bias map is static: it cannot "
                   "change with the answer's phase. Export a one-phase run's candidate (CONFIG_DELTA_PHASES=1)")
 
@@ -79,7 +79,7 @@ def write_logit_bias(path: Path, bias: Mapping[str, float], digest: str) -> None
     """The map as a JSON object, and beside it the cluster map's digest in the sidecar that
     deltas files have (`<stem>.clusters.json`), written last: a map without one is unchecked."""
     atomic_write_text(path, bias_json(bias) + "\n")
-    write_fingerprint(path, digest)
+    write_sidecar(path, digest)
 
 
 def read_logit_bias(path: Path, digest: str, vocab: int) -> dict[str, float]:
@@ -87,10 +87,10 @@ def read_logit_bias(path: Path, digest: str, vocab: int) -> dict[str, float]:
     `digest` (the same token ids would not be the ones the deltas steer), when it has no
     sidecar, or when it is not {token id < vocab: finite number}."""
     check_readable_file(path, "logit_bias file")
-    if recorded_fingerprint(path, "export it again") is None:
-        raise ConfigError(f"'{path}' has no {fingerprint_path(path).name} beside it, so the clusters it was "
+    if recorded_map_digest(path, "export it again") is None:
+        raise ConfigError(f"'{path}' has no {sidecar_path(path).name} beside it, so the clusters it was "
                           "expanded through are unknown: export it again")
-    check_fingerprint(path, digest, force=False, override="export it again for the current clusters")
+    check_map_digest(path, digest, force=False, override="export it again for the current clusters")
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -121,10 +121,10 @@ def export_logit_bias(clusters: ClusterSet, deltas_path: Path, out: Path, force:
     processor's are. Returns what was written, in a line."""
     deltas_file_phases(deltas_path)
     digest = cluster_map_digest(clusters)
-    check_fingerprint(deltas_path, digest, force)
+    check_map_digest(deltas_path, digest, force)
     deltas = to_list(load_deltas(deltas_path, clusters.cluster_ids))
     bias = logit_bias(deltas, clusters.token_clusters)
     write_logit_bias(out, bias, digest)
     size = len(bias_json(bias))
     return (f"wrote {out}: {len(bias):,} of {len(clusters.token_clusters):,} tokens biased ({size:,} bytes of JSON), "
-            f"the cluster map's digest in {fingerprint_path(out).name}")
+            f"the cluster map's digest in {sidecar_path(out).name}")

@@ -40,7 +40,9 @@ OTHER, DIGIT, JOIN, NEWLINE = 0, 1, 2, 3
 CLASSES = 4
 BEFORE, FIGURE, JOIN_AFTER_FIGURE, AFTER, AFTER_LINE = 0, 1, 2, 3, 4
 STATES = 5
-MAX_PHASES = 3
+# deltas.MAX_PHASES, which this module cannot import: it is imported inside SGLang
+# servers, without the package's dependencies.
+_MAX_PHASES = 3
 FIGURE_CHARS = frozenset(".,%")
 
 # TRANSITIONS[state][class]: the state after a token of that class.
@@ -88,8 +90,8 @@ def vocabulary_classes(vocabulary: Any) -> np.ndarray:
 
 
 def check_phases(phases: int) -> int:
-    if not isinstance(phases, int) or isinstance(phases, bool) or not 1 <= phases <= MAX_PHASES:
-        raise ValueError(f"phases must be an int from 1 to {MAX_PHASES}, got {phases!r}")
+    if not isinstance(phases, int) or isinstance(phases, bool) or not 1 <= phases <= _MAX_PHASES:
+        raise ValueError(f"phases must be an int from 1 to {_MAX_PHASES}, got {phases!r}")
     return phases
 
 

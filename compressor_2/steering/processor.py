@@ -5,7 +5,7 @@ the rows that sent this processor's string, one `custom_params` entry per row:
 
     {"deltas": [d0, d1, ...],                   # canonical cluster order
      "token_clusters": "/abs/token_clusters.npy",  # optional: the cluster map
-     "fingerprint": "<build fingerprint>"}       # optional: checked against the map
+     "fingerprint": "<build digest>"}            # optional: checked against the map's record
 
 or, instead of the path, "cluster_map": the map itself (`encode_cluster_map`), which
 the steering probe sends to tell a server that cannot import this class from one that
@@ -60,7 +60,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from compressor_2.clusters.layout import FINGERPRINT_FILE, UNSTEERED
+# The class reads the build record's file name as FINGERPRINT_FILE: a generated processor,
+# which embeds the class's source, defines it under that name.
+from compressor_2.clusters.layout import BUILD_RECORD_FILE as FINGERPRINT_FILE
+from compressor_2.clusters.layout import UNSTEERED
 from compressor_2.steering.bias import add_bias, gather_index
 from compressor_2.steering.phases import STATE_PHASES, TRANSITIONS
 
@@ -456,7 +459,7 @@ def custom_params(deltas: Sequence[float], clusters: ClusterSet, phases: int = 1
     params: dict[str, Any] = {
         "deltas": [float(d) for d in deltas],
         "token_clusters": str(clusters.token_clusters_path),
-        "fingerprint": clusters.fingerprint,
+        "fingerprint": clusters.build_digest,
     }
     if phases > 1:
         params.update(phases=phases, token_classes=token_classes)

@@ -1,8 +1,8 @@
-"""`CONFIG_STRATEGY="archive"`: seed 003's weighted candidate archive with parallel mutation.
+"""`CONFIG_STRATEGY="archive"`: a weighted candidate archive with parallel mutation.
 
 A candidate is a delta vector and its scratchpad; its assessment is its fitness on the
 training pool with per-example records. The seed candidate (the initial deltas) starts
-the archive. Iteration t, top to bottom (seed 003, "Execution Lifecycle"):
+the archive. Iteration t, top to bottom:
   1. select parents among the archive's viable members (correctness at least
      CONFIG_ARCHIVE_MIN_CORRECTNESS of the seed's): weight = quality sigmoid x novelty bonus;
   2. sample one issue batch per parent, by issue type (typed defects of single answers,
@@ -270,7 +270,7 @@ class Archive(Strategy):
         self._records[seed.id] = evaluation
 
     def settle_viability(self) -> None:
-        """Seed 003's isViable: correctness at least CONFIG_ARCHIVE_MIN_CORRECTNESS times the
+        """Viability: correctness at least CONFIG_ARCHIVE_MIN_CORRECTNESS times the
         seed candidate's. The rule and its threshold go to the archive's meta for `show`."""
         [seed] = self.run.archive.initial()
         self.threshold = viability_threshold(self.options.min_correctness, seed.correctness or 0.0)
@@ -439,7 +439,7 @@ class Archive(Strategy):
 # -- generators: (archive, job) -> a proposal, or None when the reflector gave none --------
 
 def cluster_generator(a: Archive, job: Job) -> Proposal | None:
-    """Seed 000's single-cluster mutation of the cluster the sampled issue batch names
+    """The single-cluster mutation of the cluster the sampled issue batch names
     (`batch_target`): any cluster, e.g. the one whose tokens pad the batch's answers most."""
     evaluation = a.evaluation(job.parent)
     target = batch_target(job.issues, a.run.cluster_ids)
@@ -455,7 +455,7 @@ def cluster_generator(a: Archive, job: Job) -> Proposal | None:
 
 
 def vector_generator(a: Archive, job: Job) -> Proposal | None:
-    """Seed 001 §4's full-vector mutation on the sampled issues."""
+    """The full-vector mutation (every delta at once) on the sampled issues."""
     evaluation = a.evaluation(job.parent)
     result = a.run.reflector.mutate_vector(VectorRequest(
         job.iteration, job.index, dict(job.parent.deltas), job.parent.scratchpad, evaluation.fitness,
@@ -469,7 +469,7 @@ def vector_generator(a: Archive, job: Job) -> Proposal | None:
 
 
 def crossover_generator(a: Archive, job: Job) -> Proposal | None:
-    """Seed 000's fitness-weighted average with another archive member, scratchpads merged."""
+    """The fitness-weighted average with another archive member, scratchpads merged."""
     partner = job.partner
     if partner is None or partner.id is None or job.parent.id is None:
         return None

@@ -1,4 +1,4 @@
-"""Seed 003's options and its arithmetic as small pure functions: parent weights, typed
+"""The archive strategy's options and its arithmetic as small pure functions: parent weights, typed
 issues, the cluster each names and their sampling in batches by type, and the feedback
 memory's scopes over a lineage graph."""
 
@@ -23,7 +23,7 @@ _REFUSAL = ("cannot", "can't", "unable", "not possible", "no information", "not 
 ISSUE_TYPES = ("cut_short", "wrong", "padded", "refusal")
 ARCHIVE_GENERATORS = ("cluster", "vector", "crossover")
 FEEDBACK_SCOPES = ("none", "ancestors", "neighborhood")
-# Bounds that keep seed 003's arithmetic finite: exp(sharpness x (fitness - midpoint)) with
+# Bounds that keep the parent weights' arithmetic finite: exp(sharpness x (fitness - midpoint)) with
 # both in [0, 1], (1 + children) ** novelty_weight, and the sum of the issue weights.
 MAX_SHARPNESS = 100.0
 MAX_NOVELTY_WEIGHT = 10.0
@@ -33,7 +33,7 @@ MAX_POSTCHECK_MARGIN = 1e6  # summed per-example scores, each at most 1
 
 @dataclass(frozen=True)
 class ArchiveOptions:
-    """Seed 003's options (CONFIG_ARCHIVE_*)."""
+    """The archive strategy's options (CONFIG_ARCHIVE_*)."""
 
     iterations: int
     parents_per_iteration: int
@@ -68,13 +68,13 @@ def midpoint_of(scores: Sequence[float], fixed: float | None, percentile: float 
 def parent_weights(scores: Sequence[float], children: Sequence[int], sharpness: float, midpoint: float,
                    novelty_weight: float) -> list[float]:
     """weight = sigmoid(sharpness x (score - midpoint)) x 1 / (1 + children)^novelty_weight
-    (the Darwin Goedel Machine's parent choice, seed 003's quality x novelty)."""
+    (the Darwin Goedel Machine's parent choice: quality x novelty)."""
     return [1.0 / (1.0 + math.exp(-sharpness * (s - midpoint))) / (1.0 + c) ** novelty_weight
             for s, c in zip(scores, children, strict=True)]
 
 
 def viability_threshold(min_correctness: float, seed_correctness: float) -> float:
-    """Seed 003's isViable for delta vectors: the least correctness a parent may have, a
+    """Viability for delta vectors: the least correctness a parent may have, a
     fraction of the seed candidate's."""
     return min_correctness * seed_correctness
 
@@ -108,7 +108,7 @@ class Issue:
     cluster: str
 
 
-def is_refusal(answer: str) -> bool:
+def is_refusal_issue(answer: str) -> bool:
     text = answer.lower()
     return not any(ch.isdigit() for ch in text) and any(phrase in text for phrase in _REFUSAL)
 
@@ -151,7 +151,7 @@ def issues_of(records: Sequence[Record], gold_tokens: Mapping[str, int],
     for r in records:
         gold = max(gold_tokens[r.id], 1)
         if not r.is_correct:
-            kind = "refusal" if is_refusal(r.answer) else "cut_short" if r.tokens < gold else "wrong"
+            kind = "refusal" if is_refusal_issue(r.answer) else "cut_short" if r.tokens < gold else "wrong"
         elif r.tokens >= PADDED_RATIO * gold:
             kind = "padded"
         else:
@@ -163,7 +163,7 @@ def issues_of(records: Sequence[Record], gold_tokens: Mapping[str, int],
 
 def sample_issue_batch(issues: Sequence[Issue], weights: Mapping[str, float], k: int,
                        rng: random.Random) -> list[Issue]:
-    """Seed 003's "sample issue batches by issue type": one type, drawn in proportion to its
+    """Issue batches sampled by issue type: one type, drawn in proportion to its
     weight times its number of issues (as if one issue were drawn weighted by its type),
     then up to `k` distinct issues of that type. Empty when no issue has a weighted type."""
     by_type: dict[str, list[Issue]] = {}

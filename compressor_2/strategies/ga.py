@@ -1,16 +1,16 @@
-"""`CONFIG_STRATEGY="ga"`: seed 000's DEAP loop, to be read top to bottom.
+"""`CONFIG_STRATEGY="ga"`: the genetic algorithm as a DEAP loop, to be read top to bottom.
 
-Generation g (seed 000 §1 step 4):
+Generation g:
   1. evaluate every individual without a valid fitness, all in one engine call, and
      clone the elites right away;
-  2. select 2 x (population - elitism) parents: tournament or truncation, or (seed 002)
+  2. select 2 x (population - elitism) parents: tournament or truncation, or (LLM selection)
      drawn from the 2 to 5 members one reflector call chose, with its reasons;
   3. pair them; each pair gives ONE child: with CXPB by crossover (fitness-weighted
      deltas, reflector-merged scratchpad), otherwise as a clone of A or B (50/50);
      evaluate all children together (clones come from the cache);
   4. with MUTPB mutate a child in place (round-robin target cluster, the reflector's
-     new delta; or, with CONFIG_MUTATION_SCOPE="vector", every delta at once, seed 001
-     §4) and evaluate the mutated children again, together;
+     new delta; or, with CONFIG_MUTATION_SCOPE="vector", every delta at once)
+     and evaluate the mutated children again, together;
   5. next population = elites + children.
 Every child and every mutated child becomes a candidate of the run archive, with its
 parents and operator; the tree's seed node ids are its placements. The run's driver
@@ -19,7 +19,7 @@ checks the budgets; a resume restores the round-robin index before mutate is reg
 and replays the interrupted generation from the same RNG state, with the answers the
 archive already holds.
 
-evolution_state.json (seed 000 §2) is the one state format's (resume/state.py: `generation`,
+evolution_state.json is the one state format's (resume/state.py: `generation`,
 `rng`, `last_candidate_id`, `best_individual`, `best_fitness`) with the GA's own fields:
 `population` [{candidate_id, deltas, scratchpad}], candidates the archive holds with the
 same deltas, and `rr_idx`, the round robin's next mutation target.
@@ -202,7 +202,7 @@ def generation(ga: Ga, g: int) -> Report:
 
 
 class Ga:
-    """Seed 000's decisions over the DEAP population; the driver runs the loop."""
+    """The GA's decisions over the DEAP population; the driver runs the loop."""
 
     step_name, steps_symbol, proposer, progress_plot = "generation", "CONFIG_NGEN", "the reflector", None
 
@@ -211,14 +211,14 @@ class Ga:
         self.steps = self.options.ngen
         self.state_format = ga_format(run.out, run.cluster_ids, self.options.population_size)
         self.rr_state = RRState(visiting_order(run.cluster_ids))
-        self.toolbox = base.Toolbox()  # the operators, registered once rr_idx holds its value (seed 000 §8)
+        self.toolbox = base.Toolbox()  # the operators, registered once rr_idx holds its value
         self.population: list[Individual] = []
 
     def rngs(self) -> dict[str, Any]:
         return GLOBAL_RNGS
 
     def start(self) -> None:
-        """Seed 000 §1: the initial deltas cloned; each clone is an "initial" candidate."""
+        """The initial deltas cloned; each clone is an "initial" candidate."""
         run, options = self.run, self.options
         self.toolbox = self._toolbox()
         initial = to_list(run.initial)
@@ -234,8 +234,8 @@ class Ga:
     def restore(self, own: GaState, t: int) -> None:
         """The saved population, its fitness served from the archive (sampled afresh when
         CONFIG_TEMPERATURE > 0, and then a member that now beats the stored best replaces
-        it: seed 000 §2, resume)."""
-        self.rr_state.rr_idx = own.rr_idx  # seed 000 §8: restored before mutate is registered
+        it)."""
+        self.rr_state.rr_idx = own.rr_idx  # before mutate is registered: the targets go on where they stopped
         self.toolbox = self._toolbox()
         self.population = [new_individual(to_list(m.deltas), m.scratchpad, m.candidate_id) for m in own.population]
         self.toolbox.evaluate(self.population)
@@ -305,7 +305,7 @@ class Ga:
 
     def select_by_reflector(self, population: Sequence[Individual], k: int,
                             g: int) -> tuple[list[Individual], dict[str, Any]]:
-        """Seed 002: one reflector call chooses 2 to 5 members, with reasons and categories;
+        """LLM selection: one reflector call chooses 2 to 5 members, with reasons and categories;
         `k` parents are drawn from them (toolbox.select: uniform, with replacement). Two
         invalid replies: CONFIG_SELECTION_FALLBACK draws from the whole population. The
         choice goes to the archive and, returned, to the history."""

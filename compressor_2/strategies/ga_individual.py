@@ -1,5 +1,4 @@
-"""DEAP types (CMA-ES draws its individuals as these too) and the GA's toolbox (seed 000
-§1, §6.5, §8).
+"""DEAP types (CMA-ES draws its individuals as these too) and the GA's toolbox.
 
 An individual is a list of deltas in canonical cluster order with three attributes:
 `scratchpad` (the lineage's notes), `evaluation` (its training answers, or None while
@@ -40,13 +39,13 @@ def new_individual(deltas: Sequence[float], scratchpad: str = "", candidate_id: 
 
 
 def initial_population(initial: Sequence[float], size: int) -> list[Individual]:
-    """Seed 000 §1: the initial deltas cloned `size` times, with empty scratchpads."""
+    """The initial deltas cloned `size` times, with empty scratchpads."""
     template = new_individual(initial)
     return [copy.deepcopy(template) for _ in range(size)]
 
 
 def invalidate(ind: Individual) -> None:
-    """Seed 000 §8: whenever a genome is created or changed, its fitness goes, and so does
+    """Whenever a genome is created or changed, its fitness goes, and so does
     its archive id: the new genome becomes a candidate of its own once evaluated."""
     del ind.fitness.values
     ind.evaluation = None
@@ -69,7 +68,7 @@ def evaluate(evaluator: Evaluator, individuals: Sequence[Individual],
 
 def mate(a: Individual, b: Individual, *, reflector: Reflector, generation: int, child: int,
          parents: tuple[int, int]) -> Individual:
-    """Seed 000 §4: ONE child, the fitness-weighted average of A and B, with the scratchpad
+    """Crossover: ONE child, the fitness-weighted average of A and B, with the scratchpad
     the reflector merges from theirs."""
     offspring = copy.deepcopy(a)
     offspring[:] = weighted_average(a, b, fitness(a), fitness(b))
@@ -82,7 +81,7 @@ def mate(a: Individual, b: Individual, *, reflector: Reflector, generation: int,
 
 def make_mutate(rr_state: RRState, reflector: Reflector, cluster_ids: Sequence[str],
                 pool: Executor) -> Callable[..., Future[MutationResult]]:
-    """Seed 000 §3: the mutate closure over the driver's `rr_state`.
+    """Mutation: the mutate closure over the driver's `rr_state`.
 
     Calling it draws the round-robin target at once, so calling it in offspring order
     fixes the targets in that order; the reflector call then runs in `pool` (up to
@@ -111,7 +110,7 @@ def _apply_mutation(ind: Individual, k: int, request: MutationRequest,
 
 def make_vector_mutate(reflector: Reflector, cluster_ids: Sequence[str],
                        pool: Executor) -> Callable[..., Future[VectorResult]]:
-    """Seed 001 §4 inside the GA: the reflector proposes every delta at once; its summary
+    """Full-vector mutation inside the GA: the reflector proposes every delta at once; its summary
     is appended to the scratchpad. Runs in `pool` and changes the individual in place."""
     ids = list(cluster_ids)
 
@@ -134,8 +133,9 @@ def _apply_vector(ind: Individual, request: VectorRequest, reflector: Reflector)
 
 def make_toolbox(evaluator: Evaluator, reflector: Reflector, selection: Selection, fallback: Selection | None,
                  rr_state: RRState, cluster_ids: Sequence[str], pool: Executor, scope: str) -> base.Toolbox:
-    """Register mutate only after `rr_state.rr_idx` holds the resumed value (seed 000 §8).
-    `fallback` selects when the LLM selection's reply was invalid twice; `scope` is
+    """Register mutate only after `rr_state.rr_idx` holds the resumed value, so that a
+    resumed run's mutation targets continue the cycle where it stopped. `fallback`
+    selects when the LLM selection's reply was invalid twice; `scope` is
     CONFIG_MUTATION_SCOPE."""
     toolbox = base.Toolbox()
     toolbox.register("clone", copy.deepcopy)

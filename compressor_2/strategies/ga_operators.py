@@ -1,4 +1,4 @@
-"""The GA's own arithmetic and choices as small pure functions (seed 000 §1, §2): the
+"""The GA's own arithmetic and choices as small pure functions: the
 round robin over mutation targets, the pairing of parents, its options and the selections
 they name.
 
@@ -19,7 +19,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class GaOptions:
-    """Seed 000's options (CONFIG_POPULATION_SIZE, CONFIG_NGEN, ...)."""
+    """The GA's options (CONFIG_POPULATION_SIZE, CONFIG_NGEN, ...)."""
 
     population_size: int
     ngen: int
@@ -80,7 +80,7 @@ class Truncation:
 
 @dataclass(frozen=True)
 class Uniform:
-    """Seed 002's parents: the members the selector chose, drawn uniformly with replacement."""
+    """LLM selection's parents: the members the selector chose, drawn uniformly with replacement."""
 
     def select(self, population: Sequence[T], k: int) -> list[T]:
         return tools.selRandom(population, k)

@@ -1,4 +1,4 @@
-"""`CONFIG_STRATEGY="gepa"`: seed 004's GEPA proposers over delta vectors.
+"""`CONFIG_STRATEGY="gepa"`: GEPA's proposers over delta vectors.
 
 A candidate is a delta vector whose components are the clusters; an example's score is
 the per-example score `s_i`; a candidate's aggregate valset score (its `fitness` here)
@@ -72,7 +72,7 @@ IDENTITY = compared("GEPA_", "valset_size", "valset_indices", "minibatch_size", 
 
 @dataclass(frozen=True)
 class GepaOptions:
-    """Seed 004's options (CONFIG_GEPA_*)."""
+    """GEPA's options (CONFIG_GEPA_*)."""
 
     valset_size: int
     valset_indices: str  # "" or pool positions such as "0-9,20"
@@ -161,7 +161,7 @@ class GepaState:
 
 
 class Gepa(Strategy):
-    """Seed 004's engine's decisions; the run's driver runs its loop."""
+    """GEPA's engine's decisions; the run's driver runs its loop."""
 
     step_name, steps, steps_symbol, proposer = "iteration", None, "", "the reflector"
     progress_plot = FILES.plot
@@ -202,7 +202,7 @@ class Gepa(Strategy):
     def restore(self, own: GepaState, t: int) -> None:
         """The pool's valset scores, served from the archive (sampled afresh when
         CONFIG_TEMPERATURE > 0: a member whose fresh samples beat the stored best replaces
-        it, seed 000 §2, and the archive records its new aggregate for the next resume)."""
+        it, and the archive records its new aggregate for the next resume)."""
         self.state = own
         members = self.run.archive.among(own.pool)
         for cid in own.pool:
@@ -267,7 +267,7 @@ class Gepa(Strategy):
     def fronts(self) -> list[set[int]]:
         return [holders for _, holders in example_fronts({c: self.val_scores[c] for c in self.state.pool}).values()]
 
-    # -- the reflective mutation proposer (seed 004, steps 1-8) ------------------------------
+    # -- the reflective mutation proposer --------------------------------------------------
 
     def select_parent(self) -> int:
         aggregates = {c: self.aggregate(c) for c in self.state.pool}
@@ -311,8 +311,8 @@ class Gepa(Strategy):
 
     def propose(self, t: int, parent: Candidate, before: Evaluation,
                 records: list[Any]) -> tuple[dict[str, float] | None, str, str]:
-        """One reflector call: one cluster (round robin per candidate, seed 000's prompt) or
-        every delta (seed 001's)."""
+        """One reflector call: one cluster (round robin per candidate, the mutation prompt) or
+        every delta (the full-vector prompt)."""
         assert parent.id is not None
         deltas = dict(parent.deltas)
         if self.options.component_selector == "all":
@@ -335,7 +335,7 @@ class Gepa(Strategy):
         if self.options.use_merge and self.state.merges_tested < self.options.max_merge_invocations:
             self.state.merges_due += 1
 
-    # -- the merge proposer (seed 004, steps 1-9) ---------------------------------------------
+    # -- the merge proposer ------------------------------------------------------------------
 
     def merge(self, t: int) -> dict[str, Any] | None:
         archive, eps = self.run.archive, self.options.merge_eps

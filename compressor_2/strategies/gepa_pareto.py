@@ -1,4 +1,4 @@
-"""Seed 004's (GEPA 0.1.4's) arithmetic as pure functions over per-example valset scores:
+"""GEPA 0.1.4's arithmetic as pure functions over per-example valset scores:
 the Pareto front, domination, candidate selection, the epoch-shuffled minibatch sampler,
 the common-ancestor search, the merge of two descendants by components, and the
 stratified subsample a merge is tested on. A program is a candidate id; its components
@@ -18,7 +18,7 @@ Scores = Mapping[int, Mapping[str, float]]  # candidate -> valset example -> sco
 
 def example_fronts(scores: Scores) -> dict[str, tuple[float, set[int]]]:
     """Per valset example, its front: the best score and the candidates that reach it (GEPA's
-    Pareto front over instances; the tokens-versus-correctness front is verdict/front.py's)."""
+    Pareto front over instances; the tokens-versus-correctness front is findings/front.py's)."""
     front: dict[str, tuple[float, set[int]]] = {}
     for cid in sorted(scores):
         for example, score in scores[cid].items():

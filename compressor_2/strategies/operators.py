@@ -1,6 +1,6 @@
 """Operators more than one strategy uses, as small pure functions: the fitness-weighted
-crossover of two genomes (seed 000 §4: the GA's mate, the archive's crossover generator)
-and the scratchpad's appended summary (seed 001 §4.3: every full-vector proposal)."""
+crossover of two genomes (the GA's mate, the archive's crossover generator) and the
+scratchpad's appended summary (every full-vector proposal)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,6 @@ def weighted_average(a: Sequence[float], b: Sequence[float], fitness_a: float,
 
 
 def append_summary(scratchpad: str, summary: str) -> str:
-    """Seed 001 §4.3: the driver appends the reflector's summary to the evolving summary,
+    """The driver appends the reflector's summary to the evolving summary,
     which keeps its most recent notes (reflector/limits.py)."""
     return keep_recent("\n".join(part for part in (scratchpad.strip(), summary.strip()) if part))

@@ -33,7 +33,7 @@ COMPLETION_MODEL = "default"
 
 
 @dataclass(frozen=True)
-class Reply:
+class ServerReply:
     text: str
     completion_tokens: int
     output_ids: list[int] | None  # the answer's token ids, when the path returns them
@@ -49,7 +49,7 @@ class Api(Protocol):
         """The request: `sampling` holds /generate's sampling fields, custom_params included."""
         ...
 
-    def reply(self, data: Any) -> Reply:
+    def reply(self, data: Any) -> ServerReply:
         """The answer; raises KeyError, TypeError or ValueError when it is malformed."""
         ...
 
@@ -66,8 +66,8 @@ class GenerateApi:
     def body(self, prompt: ChatPrompt, processor: str, sampling: dict[str, Any]) -> dict[str, Any]:
         return {"input_ids": prompt.ids, "custom_logit_processor": processor, "sampling_params": sampling}
 
-    def reply(self, data: Any) -> Reply:
-        return Reply(text=str(data["text"]), completion_tokens=int(data["meta_info"]["completion_tokens"]),
+    def reply(self, data: Any) -> ServerReply:
+        return ServerReply(text=str(data["text"]), completion_tokens=int(data["meta_info"]["completion_tokens"]),
                      output_ids=_ids(data.get("output_ids")), prompt_ids=None)
 
 
@@ -84,10 +84,10 @@ class CompletionsApi:
         return {"model": COMPLETION_MODEL, "prompt": prompt.text, "custom_logit_processor": processor,
                 "return_token_ids": True, **fields}
 
-    def reply(self, data: Any) -> Reply:
+    def reply(self, data: Any) -> ServerReply:
         choice = data["choices"][0]
         prompt_ids = _ids(choice["prompt_token_ids"])
-        return Reply(text=str(choice["text"]), completion_tokens=int(data["usage"]["completion_tokens"]),
+        return ServerReply(text=str(choice["text"]), completion_tokens=int(data["usage"]["completion_tokens"]),
                      output_ids=_ids(choice.get("token_ids")), prompt_ids=prompt_ids)
 
 

@@ -34,7 +34,7 @@ from compressor_2.common import ConfigError, RunError, gather_or_cancel
 from compressor_2.config import check_addresses, check_loopback
 from compressor_2.engines.base import Generation, GenerationRequest, Progress
 from compressor_2.engines.chat import ChatPrompt, chat_prompt, prompt_label
-from compressor_2.engines.sglang.api import APIS, Api, Reply
+from compressor_2.engines.sglang.api import APIS, Api, ServerReply
 from compressor_2.engines.sglang.facts import (
     STATED_SAMPLING,
     Router,
@@ -437,7 +437,7 @@ class SGLangEngine:
         if self.server is not None and not self.server.alive():
             raise _ServerLost
 
-    def _read(self, url: str, response: httpx.Response, label: str, prompt: ChatPrompt) -> Reply:
+    def _read(self, url: str, response: httpx.Response, label: str, prompt: ChatPrompt) -> ServerReply:
         """The answer to `label`; on /v1/completions, only when the server tokenized the text
         prompt into exactly this machine's ids."""
         where = url + self.api.path

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 
 from compressor_2.common import ConfigError, RunError
-from compressor_2.config import SGLangSettings, check_model
+from compressor_2.config import SGLangSettings, check_served_model
 from compressor_2.engines.sglang.api import NOT_ON_COMPLETIONS
 
 logger = logging.getLogger(__name__)
@@ -187,7 +187,7 @@ def check_facts(facts: ServerFacts, config: SGLangSettings, api: str) -> None:
     if not facts.custom_processor:
         raise ConfigError(f"{url} runs without --enable-custom-logit-processor, so it refuses every "
                           "steered request; restart it with that flag (on a loopback address)")
-    check_model(facts.model_path, config, f"{url} serves")
+    check_served_model(facts.model_path, config, f"{url} serves")
     preferred = sorted(name for name, neutral in unstated_sampling(api).items()
                        if facts.preferred_sampling_params.get(name) not in (None, neutral))
     if preferred:

@@ -20,7 +20,7 @@ search, so that the run says whether the search earned its keep on this model
 They answer through the checks' evaluator, as the held-out check does (apart from the
 search's budget and cache, cached for the next run). What they measured is recorded in the
 archive's meta (`TOOLS_META`); every figure is read back from the answers, paired against
-the baseline or the best (verdict/claims.py).
+the baseline or the best (findings/claims.py).
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from compressor_2.data import Example, instructed, uninstructed
 from compressor_2.deltas import split_gene
 from compressor_2.fitness import Evaluator, evaluate_with_bar, example_key
 from compressor_2.judges import JudgeItem
-from compressor_2.verdict.claims import HELDOUT, TRAINING, Arm, Claims, cap_context
-from compressor_2.verdict.confidence import Paired, ci, does_as_well
+from compressor_2.findings.claims import HELDOUT, TRAINING, Arm, Claims, cap_context
+from compressor_2.findings.confidence import Paired, ci, does_as_well
 
 TOOLS_META = "simpler_tools"
 EOS_GRID = (0.5, 1.0, 2.0, 3.0, 4.0, 6.0)  # EOS deltas tried at once; 0 is the baseline
@@ -89,7 +89,7 @@ def cap_for(tokens: Sequence[int], target: float) -> int:
 # -- what was measured, in the archive ---------------------------------------------------------
 
 @dataclass(frozen=True)
-class Record:
+class ToolsRecord:
     eos: tuple[Tried, ...]  # every EOS delta tried, in order
     eos_genome: str  # the genome of the fittest
     cap: int  # tokens
@@ -101,13 +101,13 @@ class Record:
         return fittest(self.eos)
 
 
-def write_record(archive: RunArchive, record: Record) -> None:
+def write_tools_record(archive: RunArchive, record: ToolsRecord) -> None:
     archive.set_meta({TOOLS_META: json.dumps({"eos": [list(t) for t in record.eos], "eos_genome": record.eos_genome,
                                               "cap": record.cap, "instruction": record.instruction,
                                               "in_search": record.in_search})})
 
 
-def read_record(archive: RunArchive) -> Record | None:
+def read_tools_record(archive: RunArchive) -> ToolsRecord | None:
     """What the simpler tools last measured, None before they ever ran; a row a hand edit
     broke is refused in one line."""
     stored = archive.meta(TOOLS_META)
@@ -117,7 +117,7 @@ def read_record(archive: RunArchive) -> Record | None:
         raw = json.loads(stored)
         eos = tuple(_tried(t) for t in raw["eos"])
         # A record written before CONFIG_INSTRUCTION_IN_SEARCH has no in_search: its run had none.
-        record = Record(eos, raw["eos_genome"], raw["cap"], raw["instruction"], raw.get("in_search", False))
+        record = ToolsRecord(eos, raw["eos_genome"], raw["cap"], raw["instruction"], raw.get("in_search", False))
         if (not eos or not isinstance(record.eos_genome, str) or type(record.cap) is not int or record.cap < 1
                 or not isinstance(record.instruction, str) or not isinstance(record.in_search, bool)
                 or (record.in_search and not record.instruction)):
@@ -220,8 +220,9 @@ class Tools(Measuring):
             other = self.options.other_side
             evaluate_with_bar(self.evaluator, [self.zeros], other((*self.pool, *self.heldout)), f"unsteered, {side}")
             evaluate_with_bar(self.evaluator, [list(best)], other(self.heldout or self.pool), f"the best, {side}")
-        write_record(self.archive, Record(tuple(self.tried), genome_key(self.genome(fittest(self.tried)[0])), cap,
-                                          self.options.instruction, self.options.in_search))
+        fittest_genome = genome_key(self.genome(fittest(self.tried)[0]))
+        write_tools_record(self.archive, ToolsRecord(tuple(self.tried), fittest_genome, cap, self.options.instruction,
+                                                     self.options.in_search))
 
     def measure_cap(self, target: float) -> int:
         """Cuts the baseline's answers at the cap whose training mean matches `target`, and
@@ -269,7 +270,7 @@ class ToolRow:
     against_best: Paired | None  # on the held-out questions when checked there, else on the pool
 
 
-def tools(record: Record, zeros: str) -> list[Tool]:
+def tools(record: ToolsRecord, zeros: str) -> list[Tool]:
     delta = record.eos_best[0]
     found = [Tool(f"EOS bias alone ({delta:+g})", f"an EOS bias of {delta:+g}", Arm(record.eos_genome)),
              Tool(f"a cap at {_tokens(record.cap)}", f"a cap at {_tokens(record.cap)} (max_tokens)",
@@ -288,14 +289,14 @@ def shown_split(claims: Claims, zeros: str, best: str) -> str:
     return HELDOUT if claims.paired(Arm(zeros), Arm(best), HELDOUT) is not None else TRAINING
 
 
-def tool_rows(claims: Claims, record: Record, zeros: str, best: str) -> list[ToolRow]:
+def tool_rows(claims: Claims, record: ToolsRecord, zeros: str, best: str) -> list[ToolRow]:
     split = shown_split(claims, zeros, best)
     return [ToolRow(t, claims.paired(Arm(zeros), t.arm, TRAINING), claims.paired(Arm(zeros), t.arm, HELDOUT),
                     claims.paired(Arm(best), t.arm, split))
             for t in tools(record, zeros)]
 
 
-def verdict(rows: Sequence[ToolRow], level: float) -> str:
+def simpler_advice(rows: Sequence[ToolRow], level: float) -> str:
     """Whether a simpler tool does as well as the evolved deltas, plainly."""
     matching = [row.tool for row in rows if row.against_best is not None and does_as_well(row.against_best)]
     if matching:
@@ -303,7 +304,7 @@ def verdict(rows: Sequence[ToolRow], level: float) -> str:
     return f"None does as well as the evolved deltas ({ci(level)}s, paired): the search earned its keep."
 
 
-def simpler_line(claims: Claims, record: Record, zeros: str, best: str) -> str | None:
+def simpler_line(claims: Claims, record: ToolsRecord, zeros: str, best: str) -> str | None:
     """The run's last line: the best and each simpler tool, tokens and correctness, and
     whether one does as well."""
     split = shown_split(claims, zeros, best)
@@ -318,7 +319,7 @@ def simpler_line(claims: Claims, record: Record, zeros: str, best: str) -> str |
     where = "held out" if split == HELDOUT else "on the training pool"
     carried = ", every prompt of the run with the instruction" if record.in_search else ""
     return (f"simpler tools {where} ({evolved.questions} questions){carried}: " + "; ".join(parts)
-            + f". {verdict(rows, claims.level)}")
+            + f". {simpler_advice(rows, claims.level)}")
 
 
 def _at(p: Paired) -> str:

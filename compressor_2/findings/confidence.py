@@ -135,7 +135,7 @@ def does_as_well(p: Paired) -> bool:
 
 # -- in words ------------------------------------------------------------------------------
 
-def verdict(p: Paired) -> str:
+def difference_in_words(p: Paired) -> str:
     """In words, from the interval and the test together: where only one of them sees a
     difference (they are different methods), it is borderline."""
     surely = (p.high < 0 or p.low > 0) + (p.p_value < 1 - p.level)
@@ -157,7 +157,7 @@ def ci(level: float) -> str:
 def points_claim(p: Paired) -> str:
     """'-1.0 points (95% CI -3.1 to +1.1; no significant loss, McNemar p=0.62)'"""
     return (f"{100 * p.difference:+.1f} points ({ci(p.level)} {100 * p.low:+.1f} to {100 * p.high:+.1f}; "
-            f"{verdict(p)}, McNemar {p_text(p.p_value)})")
+            f"{difference_in_words(p)}, McNemar {p_text(p.p_value)})")
 
 
 def tokens_change(p: Paired) -> str:

@@ -4,7 +4,7 @@ remove, so the oracle is the limit of every stopping rule on the model (an EOS b
 by answer phase, a token cap): each is read as the share of the oracle's cut it reaches.
 
 - The prefixes are the answer retokenised with the model's tokenizer (as a token cap cuts
-  it, verdict/simpler.py) and decoded one token longer each time; each is judged as the
+  it, findings/simpler.py) and decoded one token longer each time; each is judged as the
   whole answer was. The whole answer keeps the verdict the run recorded.
 - A prefix that ends inside one of the whole answer's figures or numbers is no stopping
   point (`judges.stopping_points`): the judge may accept "$31" for "$31,057 million", a rule
@@ -37,7 +37,7 @@ from compressor_2.archive import Answer
 from compressor_2.clusters.tokens import AnswerTokens
 from compressor_2.data import Example
 from compressor_2.judges import Judge, figure_spans, first_accepted
-from compressor_2.verdict.claims import HELDOUT, Arm, Claims
+from compressor_2.findings.claims import HELDOUT, Arm, Claims
 
 BEFORE, FIGURES, AFTER, NO_FIGURE = "before the first figure", "in the figures' span", "after the last figure", \
     "in answers without a figure"

@@ -2,7 +2,7 @@
 genome's answers cut at a token cap, or the genome with an instruction added to every
 prompt, or taken off the prompts of a run that carries it) on the same questions of a
 split, their answers read from the archive (the search's and the checks') and paired per
-question (compressor_2/verdict/confidence.py).
+question (compressor_2/findings/confidence.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from compressor_2.archive import Answer, CheckStore, RunArchive
 from compressor_2.config import Config
 from compressor_2.data import Example, instructed, uninstructed
 from compressor_2.fitness import example_key
-from compressor_2.verdict.confidence import LEVEL, Paired, compare, identical
+from compressor_2.findings.confidence import LEVEL, Paired, compare, identical
 
 TRAINING, HELDOUT = "training", "heldout"
 

@@ -7,7 +7,7 @@ pool, read from the archive, and the checks that measure outside the search.
 - The held-out check (CONFIG_HOLDOUT_DATA, CONFIG_HOLDOUT_INDICES) runs when the search
   has stopped: the best candidate, the front's candidates and the baseline on the
   held-out questions.
-- The simpler tools (CONFIG_COMPARE_SIMPLE, verdict/simpler.py) are measured around it: the
+- The simpler tools (CONFIG_COMPARE_SIMPLE, findings/simpler.py) are measured around it: the
   EOS-only search before (its best is checked held out with the others), the token cap and
   the instruction after.
 
@@ -16,7 +16,7 @@ answers the search already made are served from its cache, fresh ones go to
 `check_answers` (cached there for the next check), so no check adds to the search's
 metric calls, changes what its cache serves, or draws from its RNGs. Their results
 go to `check_results`, by split. Every claim made of them is paired against the baseline
-on the same questions (verdict/claims.py).
+on the same questions (findings/claims.py).
 
 The answers the outputs read (`measured`: the baseline's, the best's and the front's on
 the pool, the held-out check's, the simpler tools') are ones the archive records as made.
@@ -35,12 +35,14 @@ from compressor_2.archive import Candidate, CheckResult, RunArchive, genome_key
 from compressor_2.common import ConfigError, say
 from compressor_2.data import Example
 from compressor_2.fitness import Evaluation, Evaluator, evaluate_with_bar
-from compressor_2.verdict.arms import arms_lines
-from compressor_2.verdict.claims import HELDOUT, TRAINING, Arm, Claims
-from compressor_2.verdict.confidence import Paired, correctness_claim, tokens_claim
-from compressor_2.verdict.front import Point, pareto_front
-from compressor_2.verdict.simpler import TOOLS_META, Measuring, Record, Simpler, Tools, read_record, simpler_line, tools
-from compressor_2.verdict.stop_oracle import Oracle, oracle_lines
+from compressor_2.findings.arms import arms_lines
+from compressor_2.findings.claims import HELDOUT, TRAINING, Arm, Claims
+from compressor_2.findings.confidence import Paired, correctness_claim, tokens_claim
+from compressor_2.findings.front import Point, pareto_front
+from compressor_2.findings.simpler import (
+    TOOLS_META, Measuring, Simpler, Tools, ToolsRecord, read_tools_record, simpler_line, tools,
+)
+from compressor_2.findings.stop_oracle import Oracle, oracle_lines
 
 BASELINE_ID = 0  # the baseline's Point id when no candidate is the all-zero genome
 
@@ -122,7 +124,7 @@ class Measured:
     tool: bool = False  # one of the simpler tools' (their record vouches for it)
 
 
-def measured(now: Standing, record: Record | None) -> list[Measured]:
+def measured(now: Standing, record: ToolsRecord | None) -> list[Measured]:
     """What the outputs read of the answers, where the archive records them as made: the
     baseline (a candidate of the search or measured apart), the best and the front's
     candidates on the training pool (each assessed there: GEPA's on its valset, the others'
@@ -151,7 +153,7 @@ def measured(now: Standing, record: Record | None) -> list[Measured]:
 
 def lost_answers(claims: Claims, now: Standing) -> list[Measured]:
     """The answers the outputs read that the archive lost (rows of its answer tables deleted)."""
-    return [m for m in measured(now, read_record(claims.archive)) if claims.lost(m.arm, m.split)]
+    return [m for m in measured(now, read_tools_record(claims.archive)) if claims.lost(m.arm, m.split)]
 
 
 def refuse_lost(claims: Claims, read: Sequence[Measured]) -> None:
@@ -195,7 +197,7 @@ def heldout_line(g: Gain, claim: Paired, instructed: bool = False) -> str:
 class Checks(Measuring):
     """The baseline, the held-out check and the answers lost; `simpler`: the simpler
     tools to measure after the search; `oracle`: what the stop oracle of the held-out
-    answers needs (verdict/stop_oracle.py)."""
+    answers needs (findings/stop_oracle.py)."""
 
     def __init__(self, evaluator: Evaluator, archive: RunArchive, pool: Sequence[Example],
                  heldout: Sequence[Example], n_clusters: int, simpler: Simpler | None = None,
@@ -276,7 +278,7 @@ class Checks(Measuring):
                 lines.append(heldout_line(g, claim, self.simpler is not None and self.simpler.in_search))
             if self.oracle is not None:
                 lines += oracle_lines(claims, self.oracle, now.zeros, best)
-        record = read_record(self.archive) if self.simpler is not None else None
+        record = read_tools_record(self.archive) if self.simpler is not None else None
         if record is None:
             return lines
         line = simpler_line(claims, record, now.zeros, best)

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compressor_2.verdict.claims import HELDOUT, Arm, Claims
-from compressor_2.verdict.confidence import Paired, ci, correctness_claim, points_claim, tokens_change, tokens_claim
-from compressor_2.verdict.simpler import Record, shown_split
+from compressor_2.findings.claims import HELDOUT, Arm, Claims
+from compressor_2.findings.confidence import Paired, ci, correctness_claim, points_claim, tokens_change, tokens_claim
+from compressor_2.findings.simpler import ToolsRecord, shown_split
 
 UNSTEERED, INSTRUCTION = "unsteered", "instruction"  # the two references' keys
 
@@ -38,7 +38,7 @@ class ArmResult:
     against_instruction: Paired | None  # an instructed arm's, the instruction alone's excepted
 
 
-def six_arms(record: Record, zeros: str, best: str) -> tuple[ArmSpec, ...]:
+def six_arms(record: ToolsRecord, zeros: str, best: str) -> tuple[ArmSpec, ...]:
     """The six arms, in the comparison's order, for the run `record` describes (its
     baseline's genome `zeros`, its best's `best`)."""
     i, eos = record.instruction, f"EOS bias alone ({record.eos_best[0]:+g})"
@@ -59,7 +59,7 @@ def six_arms(record: Record, zeros: str, best: str) -> tuple[ArmSpec, ...]:
                     Arm(best, instruction=i), True))
 
 
-def arm_results(claims: Claims, record: Record, zeros: str, best: str) -> tuple[str, list[ArmResult]]:
+def arm_results(claims: Claims, record: ToolsRecord, zeros: str, best: str) -> tuple[str, list[ArmResult]]:
     """The split the comparison speaks of (held out once the best was checked there), and
     each arm paired there against the references; no arm without an instruction."""
     split = shown_split(claims, zeros, best)
@@ -74,7 +74,7 @@ def arm_results(claims: Claims, record: Record, zeros: str, best: str) -> tuple[
                    for s in specs]
 
 
-def arms_lines(claims: Claims, record: Record, zeros: str, best: str) -> list[str]:
+def arms_lines(claims: Claims, record: ToolsRecord, zeros: str, best: str) -> list[str]:
     """The run's lines of the six arms (none without an instruction): a heading, then one
     line an arm, its change against the model as it is, and against the instruction alone
     where its prompts carry it."""
