@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO))
 from compressor_2.archive import RunArchive  # noqa: E402 - after the path is set
 from compressor_2.common import atomic_write_text  # noqa: E402
 from compressor_2.config import load_config  # noqa: E402
-from compressor_2.verdict import HELDOUT, TRAINING, Arm, Claims, Paired, Standing, read_record, standing  # noqa: E402
+from compressor_2.findings import HELDOUT, TRAINING, Arm, Claims, Paired, Standing, read_tools_record, standing  # noqa: E402
 
 ORACLE = REPO / "docs" / "real-model" / "stop_oracle.json"  # the baselines' stop oracle, 200 held-out
 
@@ -117,7 +117,7 @@ def read_run(folder: Path, oracle: dict[str, float]) -> dict[str, Any]:
     try:
         now = standing(archive)
         claims = Claims.of_config(config, archive)
-        record = read_record(archive)
+        record = read_tools_record(archive)
         instruction = record.instruction if record is not None and record.in_search else ""
         baseline, candidates = assessed(now, claims)
         rows = []
