@@ -19,6 +19,7 @@ from compressor_2.common import shown
 CANDIDATE_COLUMNS = ("id", "deltas", "scratchpad", "operator", "strategy", "generation", "status", "note", "fitness",
                      "mean_tokens", "correctness", "created")
 _SELECTED = ", ".join(CANDIDATE_COLUMNS)
+CORRECTNESS_EPSILON = 1e-9  # correctness is a fraction of the pool: equal ones may differ in the last bit
 # The candidates a named query selects.
 _WHERE = {
     "all": "",
@@ -93,9 +94,14 @@ class Candidates:
             wanted)) if wanted else []
         return {c.id: c for c in found if c.id is not None}
 
-    def best(self) -> Candidate | None:
-        found = self.db.query(f"SELECT {_SELECTED} FROM candidates WHERE fitness IS NOT NULL "
-                              "ORDER BY fitness DESC, id ASC LIMIT 1")
+    def best(self, floor: float | None = None) -> Candidate | None:
+        if floor is None:
+            found = self.db.query(f"SELECT {_SELECTED} FROM candidates WHERE fitness IS NOT NULL "
+                                  "ORDER BY fitness DESC, id ASC LIMIT 1")
+        else:  # as run/best.py's `rank` orders them
+            found = self.db.query(f"SELECT {_SELECTED} FROM candidates WHERE fitness IS NOT NULL ORDER BY "
+                                  "coalesce(correctness >= ?, 0) DESC, CASE WHEN correctness >= ? THEN mean_tokens END "
+                                  "ASC, fitness DESC, id ASC LIMIT 1", [floor - CORRECTNESS_EPSILON] * 2)
         return self._candidates(found)[0] if found else None
 
     def genomes(self) -> set[str]:

@@ -17,12 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from compressor_2.archive.answers import AnswerTable, CheckResults
-from compressor_2.archive.candidates import Candidates
+from compressor_2.archive.candidates import CORRECTNESS_EPSILON, Candidates
 from compressor_2.archive.lineage import Lineage
 from compressor_2.archive.log import RunLog
 from compressor_2.archive.records import Feedback, Merge, Records
 from compressor_2.archive.rows import Answer, CallRecord, Candidate, CheckResult, Placement, ReplyTally, Spot
 from compressor_2.archive.schema import Database
+
+BEST_FLOOR = "best_floor"  # meta: the correctness a best must reach (the baseline's on the pool), when recorded
 
 
 class RunArchive:
@@ -150,8 +152,12 @@ class RunArchive:
         return self._candidates.among(ids)
 
     def best(self) -> Candidate | None:
-        """The fittest candidate assessed on the whole pool; the earliest on a tie."""
-        return self._candidates.best()
+        """The fittest candidate assessed on the whole pool, the earliest on a tie; when the
+        run recorded a correctness floor (`BEST_FLOOR`, CONFIG_BEST_RULE="shortest"), the
+        shortest of those at least that correct (then the fitter, then the earliest), and
+        the fittest only while none is."""
+        floor = self.meta(BEST_FLOOR)
+        return self._candidates.best(None if floor is None else float(floor))
 
     def genomes(self) -> set[str]:
         """The genome key of every candidate."""

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from compressor_2.archive import ARCHIVE_FILE, CheckStore, RunArchive
+from compressor_2.archive import ARCHIVE_FILE, BEST_FLOOR, CheckStore, RunArchive
 from compressor_2.commands.files import Files
 from compressor_2.common import ConfigError, remove_orphans, say, signals_ignored, stop_on_first_signal
 from compressor_2.config import Config
@@ -203,8 +203,8 @@ def services(config: Config, inputs: Inputs, archive: RunArchive, identity: dict
         """What the cluster build still owed, the temp files of a killed writer removed, this
         start's identity and answer context recorded (`show` reads the run's answers under
         it), the answers the outputs read made again where the archive lost them; then, when
-        the search starts from other deltas than the baseline's, the baseline measured
-        apart, before the budget's clock starts."""
+        the search starts from other deltas than the baseline's or the best must be as correct
+        as it, the baseline measured apart, before the budget's clock starts."""
         for write in inputs.owed:
             write()
         _remove_orphans(config.output_dir)
@@ -212,9 +212,21 @@ def services(config: Config, inputs: Inputs, archive: RunArchive, identity: dict
         checks.restore_lost()
         if any(inputs.initial.values()):
             checks.measure_baseline()
+        if config.best_rule == "shortest":
+            best.floor = floor(archive, checks)
         budget.start()
 
     return run, checks, begin
+
+
+def floor(archive: RunArchive, checks: Checks) -> float:
+    """The correctness a best must reach under CONFIG_BEST_SHORTEST: the unsteered baseline's
+    on the pool, recorded at the run's first start (a resume keeps it)."""
+    if (recorded := archive.meta(BEST_FLOOR)) is None:
+        correctness = checks.baseline_correctness()
+        archive.set_meta({BEST_FLOOR: repr(correctness)})
+        return correctness
+    return float(recorded)
 
 
 def close(run: Run, checks: Checks, reason: str) -> None:

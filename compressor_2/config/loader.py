@@ -82,6 +82,7 @@ class Config:
     lambda_shortness: float
     lambda_correctness: float
     shortness_scale: float
+    best_rule: str  # "fittest", or "shortest": the fewest tokens among candidates as correct as the baseline
     # Correctness judge
     judge: JudgeName
     correctness_tolerance: float
@@ -302,6 +303,7 @@ def _fitness_and_reflector(r: Reader, checked: dict[str, Any]) -> dict[str, Any]
         lambda_shortness=checked["lambda_shortness"],
         lambda_correctness=checked["lambda_correctness"],
         shortness_scale=r.number("SHORTNESS_SCALE", 0.001, 1e9),
+        best_rule=r.choice({"BEST_FITTEST": "fittest", "BEST_SHORTEST": "shortest"}),
         judge=r.choice({"JUDGE_NUMERIC": "numeric", "JUDGE_LLM": "llm", "JUDGE_HYBRID": "hybrid"}),
         correctness_tolerance=checked["correctness_tolerance"],
         judge_model=r.string("JUDGE_MODEL"),

@@ -4,6 +4,7 @@ the stop oracle."""
 from compressor_2.findings.arms import arm_results, arms_lines
 from compressor_2.findings.checks import (
     BASELINE_ID, Checks, Measured, Standing, measured, refuse_emptied_heldout, refuse_lost, standing,
+    training_baseline,
 )
 from compressor_2.findings.claims import HELDOUT, TRAINING, Arm, Claims
 from compressor_2.findings.confidence import (
@@ -25,4 +26,4 @@ __all__ = ["BASELINE_ID", "HELDOUT", "LEVEL", "TRAINING", "Arm", "Checks", "Clai
            "correctness_claim", "difference_in_words", "does_as_well", "measured", "other_side_examples", "p_text",
            "pareto_front", "points_claim", "read_tools_record", "refuse_emptied_heldout", "refuse_lost",
            "share_reached", "simpler_advice", "simpler_options", "standing", "stop_oracle", "summarise", "summary_text",
-           "tokens_change", "tokens_claim", "tool_rows"]
+           "tokens_change", "tokens_claim", "tool_rows", "training_baseline"]

@@ -228,6 +228,14 @@ class Checks(Measuring):
         [evaluation] = evaluate_with_bar(self.evaluator, [self.zeros], self.pool, "unsteered baseline")
         self.archive.record_checks(TRAINING, [_result(TRAINING, evaluation)])
 
+    def baseline_correctness(self) -> float:
+        """The unsteered baseline's correctness on the pool, measured first where unknown
+        (before the search has made a candidate, `standing` cannot see it yet)."""
+        self.measure_baseline()
+        known = training_baseline(self.archive)
+        return known.correctness if known is not None else \
+            self.archive.checks(TRAINING)[genome_key(self.zeros)].correctness
+
     def after_search(self) -> int:
         """Everything measured once the search has stopped: the EOS-only search, the held-out
         check (with the EOS-only best), the token cap and the instruction; returns how many

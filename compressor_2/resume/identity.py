@@ -149,6 +149,9 @@ SHARED_SETTINGS: tuple[Setting, ...] = (
     Setting("CONFIG_LAMBDA_SHORTNESS (normalised)", ("LAMBDA_SHORTNESS",), lambda c, _: c.lambda_shortness),
     Setting("CONFIG_LAMBDA_CORRECTNESS (normalised)", ("LAMBDA_CORRECTNESS",), lambda c, _: c.lambda_correctness),
     Setting("CONFIG_SHORTNESS_SCALE", ("SHORTNESS_SCALE",), lambda c, _: c.shortness_scale),
+    # Which candidate is the best: recorded only when it is not the fittest, so that earlier records stay.
+    Setting("CONFIG_BEST_*", ("BEST_*",),
+            lambda c, _: c.best_rule if c.best_rule != "fittest" else None, absent="fittest"),
     Setting("the training pool (example ids and prompt digests)", ("FINANCEBENCH_JSONL_PATH", "PROMPT_TEMPLATE_PATH"),
             lambda _, i: _pool(i)),
     Setting("CONFIG_FINANCEBENCH_POOL_INDICES", ("FINANCEBENCH_POOL_INDICES",), lambda c, _: c.pool_indices),

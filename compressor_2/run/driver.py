@@ -215,14 +215,19 @@ class Driver:
         say(f"resuming at {self.strategy.step_name} {ordinal(saved.step, steps) if steps else saved.step} from "
             f"{self.path}")
 
-    def _recorded_best(self, saved: Saved[Any]) -> tuple[Member | None, float | None]:
-        """The best-ever the state keeps, or else the archive's fittest assessed candidate."""
+    def _recorded_best(self, saved: Saved[Any]) -> tuple[Member | None, float | None, float | None, float | None]:
+        """The best-ever the state keeps, or else the archive's best assessed candidate; with
+        its fitness, tokens and correctness on the pool (what ranks it)."""
         if self.strategy.state_format.keeps_best:
-            return saved.best, saved.best_fitness
+            if saved.best is None:
+                return None, None, None, None
+            row = self.archive.candidate(saved.best.candidate_id)
+            return (saved.best, saved.best_fitness, row.mean_tokens if row else None,
+                    row.correctness if row else None)
         best = self.archive.best()
         if best is None or best.id is None:
-            return None, None
-        return Member(dict(best.deltas), best.scratchpad, best.id), best.fitness
+            return None, None, None, None
+        return Member(dict(best.deltas), best.scratchpad, best.id), best.fitness, best.mean_tokens, best.correctness
 
     def _all_run(self, t: int) -> str | None:
         steps, name = self.strategy.steps, self.strategy.step_name
