@@ -68,7 +68,7 @@ from compressor_2.engines.decode import MIN_ROWS  # noqa: E402
 from compressor_2.engines.logit_bias.engine import LogitBiasEngine  # noqa: E402
 from compressor_2.engines.prompt_cache import PromptCache  # noqa: E402
 from compressor_2.engines.transformers_engine import TransformersEngine  # noqa: E402
-from compressor_2.pretrained import generation_eos, load_tokenizer  # noqa: E402
+from compressor_2.model import generation_eos, load_tokenizer  # noqa: E402
 from compressor_2.steering.hf_processor import DeltaBiasProcessor  # noqa: E402
 
 VOCAB = 32_000

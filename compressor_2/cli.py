@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from compressor_2.common import ConfigError, RunError, ScrubFilter, scrub, stop_on_first_signal, stopping
 from compressor_2.config import load_config
-from compressor_2.pretrained import check_model_path
+from compressor_2.model import check_model_path
 
 if TYPE_CHECKING:
     from compressor_2.commands.files import Files

@@ -32,7 +32,7 @@ from compressor_2.engines.logit_bias.engine import LogitBiasEngine
 from compressor_2.engines.transformers_engine import TransformersEngine
 from compressor_2.judges.base import JudgeItem
 from compressor_2.judges.numeric import NumericJudge
-from compressor_2.pretrained import load_tokenizer
+from compressor_2.model import load_tokenizer
 from compressor_2.steering.logit_bias import bias_json, logit_bias
 from tests.conftest import REPO
 from tests.gguf_helpers import write_tiny_gguf

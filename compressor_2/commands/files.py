@@ -40,7 +40,7 @@ from compressor_2.clusters.written import builds, why_not_writable, written_here
 from compressor_2.common import ConfigError, file_identity, file_kind, why_unwritable
 from compressor_2.config import Config
 from compressor_2.deltas import fingerprint_path
-from compressor_2.model_digest import model_files
+from compressor_2.model import model_files
 
 SIDECAR = "the sidecar of CONFIG_INITIAL_DELTAS_PATH"
 

@@ -64,7 +64,7 @@ def score(engine: TransformersEngine, examples: list[Example], eos_bias: float,
 
 def eos_engine(model: Path, batch_size: int, max_new_tokens: int) -> TransformersEngine:
     """The engine on a two-cluster map: cluster 0 = the EOS token(s), cluster 1 = the rest."""
-    from compressor_2.pretrained import load_tokenizer
+    from compressor_2.model import load_tokenizer
 
     tokenizer = load_tokenizer(str(model))
     clusters = np.ones(len(tokenizer), dtype=np.int64)

@@ -23,7 +23,7 @@ from compressor_2.engines.base import Generation, GenerationRequest, Progress
 from compressor_2.engines.chat import encode_prompt, prompt_label
 from compressor_2.engines.decode import Decoding, decode
 from compressor_2.engines.prompt_cache import PromptCache, UnsupportedCache
-from compressor_2.pretrained import load_causal_lm, load_tokenizer
+from compressor_2.model import load_causal_lm, load_tokenizer
 from compressor_2.steering.bias import gather_index
 from compressor_2.steering.hf_processor import DeltaBiasProcessor
 from compressor_2.steering.phases import PhaseTables, check_phases, phase_rows, vocabulary_classes

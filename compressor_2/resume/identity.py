@@ -29,9 +29,8 @@ from compressor_2.archive import RunArchive
 from compressor_2.common import ConfigError, say
 from compressor_2.config import Config, registry
 from compressor_2.data import Example
-from compressor_2.engines import served_models
 from compressor_2.fitness import example_key
-from compressor_2.model_digest import model_digest
+from compressor_2.model import model_digest, served_models
 
 IDENTITY_KEY = "identity"  # in the archive's meta table
 DIGEST_CHARS = 16

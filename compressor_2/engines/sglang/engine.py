@@ -56,7 +56,7 @@ from compressor_2.engines.sglang.probe import (
     probe_cluster,
 )
 from compressor_2.engines.sglang.server import SGLangServer
-from compressor_2.pretrained import load_tokenizer
+from compressor_2.model import load_tokenizer
 from compressor_2.steering.guarded import guarded_spec
 from compressor_2.steering.phases import vocabulary_classes
 from compressor_2.steering.processor import custom_params, encode_cluster_map, processor_spec
