@@ -103,7 +103,7 @@ def _digest(value: object) -> str:
 
 
 def model_identity(config: Config) -> str:
-    """The model by what it holds: a local directory's digest (model_digest.py), a hub id as
+    """The model by what it holds: a local directory's digest (model/digest.py), a hub id as
     itself; for attached SGLang servers what their /model_info reports, the path's digest
     when that path is on this machine too (so the same model launched or attached is the
     same setting). A server that cannot be asked yet is described by CONFIG_MODEL_PATH: its
