@@ -19,7 +19,7 @@ from compressor_2.clusters.build import build_clusters
 from compressor_2.config import load_config
 from compressor_2.config.sglang import same_model
 from compressor_2.engines.base import GenerationRequest
-from compressor_2.engines.transformers_engine import TransformersEngine
+from compressor_2.engines.transformers.engine import TransformersEngine
 from compressor_2.model import model_digest
 from tests.test_evolution_support import write_config
 from tests.gguf_helpers import write_tiny_gguf

@@ -22,7 +22,7 @@ from compressor_2.data import Example, load_examples
 from compressor_2.demo.task import DATA_DIR
 from compressor_2.demo.train import MODEL_DIR
 from compressor_2.engines import GenerationRequest
-from compressor_2.engines.transformers_engine import TransformersEngine
+from compressor_2.engines.transformers.engine import TransformersEngine
 from compressor_2.judges import JudgeItem, NumericJudge
 
 ALL = "all"

@@ -19,7 +19,7 @@ EngineFactory = Callable[["Config", "ClusterSet", Mapping[str, str]], Engine]
 
 
 def _transformers(config: Config, clusters: ClusterSet, prompts: Mapping[str, str]) -> Engine:
-    from compressor_2.engines.transformers_engine import TransformersEngine
+    from compressor_2.engines.transformers.engine import TransformersEngine
 
     del prompts
     return TransformersEngine.from_config(config, clusters, **phases(config))
