@@ -20,7 +20,7 @@ from compressor_2.commands.evolve import evolve
 from compressor_2.fitness import Record
 from compressor_2.reflector.base import Reply, Usage
 from compressor_2.reflector.local import LocalProposer
-from compressor_2.strategies.archive_ops import (
+from compressor_2.strategies.archive.ops import (
     feedback_scope,
     batch_target,
     issues_of,

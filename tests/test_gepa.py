@@ -13,7 +13,7 @@ import pytest
 from compressor_2.cli import main
 from compressor_2.commands.evolve import evolve
 from compressor_2.common.errors import ConfigError
-from compressor_2.strategies.gepa_pareto import (
+from compressor_2.strategies.gepa.pareto import (
     EpochSampler,
     example_fronts as pareto_front,
     find_merge_triplet,

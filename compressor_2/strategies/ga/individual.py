@@ -20,7 +20,7 @@ from deap import base, creator
 from compressor_2.deltas import to_dict
 from compressor_2.fitness import Evaluation, Evaluator
 from compressor_2.reflector import MergeRequest, MutationRequest, MutationResult, Reflector, VectorRequest, VectorResult
-from compressor_2.strategies.ga_operators import RRState, Selection, next_target
+from compressor_2.strategies.ga.operators import RRState, Selection, next_target
 from compressor_2.strategies.operators import append_summary, weighted_average
 
 if not hasattr(creator, "FitnessMax"):
