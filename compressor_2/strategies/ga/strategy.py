@@ -67,14 +67,9 @@ from compressor_2.resume import (
 )
 from compressor_2.run import Cost, NewCandidate, Report, Run
 from compressor_2.strategies import options_of
-from compressor_2.strategies.ga.individual import (
-    Individual,
-    initial_population,
-    invalidate,
-    make_toolbox,
-    new_individual,
-)
+from compressor_2.strategies.ga.individual import initial_population, invalidate, make_toolbox
 from compressor_2.strategies.ga.operators import SELECTIONS, GaOptions, RRState, make_fallback, make_selection, pairs
+from compressor_2.strategies.individual import Individual, new_individual
 
 FILES = RunFiles("evolution_state.json")
 SENTINELS = ("POPULATION_SIZE", "NGEN", "CXPB", "MUTPB", "ELITISM_SIZE", "SELECTION")
