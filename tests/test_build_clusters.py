@@ -121,7 +121,7 @@ def test_a_change_of_the_cluster_rules_alone_reuses_the_embeddings(tmp_path: Pat
     config = cluster_config(tmp_path, tiny_model_dir)
     first = build_clusters(config)
     before = _mtimes(ArtifactPaths.from_config(config))
-    for module in ("compressor_2.clusters.clusterset", "compressor_2.clusters.build"):
+    for module in ("compressor_2.clusters.clusterset", "compressor_2.clusters.build.make"):
         monkeypatch.setattr(f"{module}.RULES_VERSION", "a later one", raising=False)
     capsys.readouterr()
     second = build_clusters(config)

@@ -36,7 +36,7 @@ from enum import Enum
 from pathlib import Path
 
 from compressor_2.clusters.clusterset import ArtifactPaths
-from compressor_2.clusters.written import builds, why_not_writable, written_here
+from compressor_2.clusters.build import builds, why_not_writable, written_here
 from compressor_2.common import ConfigError, file_identity, file_kind, why_unwritable
 from compressor_2.config import Config
 from compressor_2.deltas import fingerprint_path

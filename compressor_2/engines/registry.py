@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from compressor_2.engines.base import Engine, Generation, GenerationRequest, Progress
 
 if TYPE_CHECKING:
-    from compressor_2.clusters.build import ClusterSet
+    from compressor_2.clusters.clusterset import ClusterSet
     from compressor_2.config import Config
 
 # (config, clusters, every prompt the run will send by example id) -> engine. The SGLang

@@ -62,7 +62,7 @@ from compressor_2.steering.phases import vocabulary_classes
 from compressor_2.steering.processor import custom_params, encode_cluster_map, processor_spec
 
 if TYPE_CHECKING:
-    from compressor_2.clusters.build import ClusterSet
+    from compressor_2.clusters.clusterset import ClusterSet
     from compressor_2.config import Config
 
 logger = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ from compressor_2.steering.hf_processor import DeltaBiasProcessor
 from compressor_2.steering.phases import PhaseTables, check_phases, phase_rows, vocabulary_classes
 
 if TYPE_CHECKING:
-    from compressor_2.clusters.build import ClusterSet
+    from compressor_2.clusters.clusterset import ClusterSet
     from compressor_2.config import Config
 
 
