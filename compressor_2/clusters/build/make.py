@@ -59,7 +59,7 @@ from compressor_2.common import (
 from compressor_2.config import Config
 from compressor_2.deltas import canonical_ids, fingerprint_path, load_deltas, write_fingerprint
 
-__all__ = ["ClusterSet", "build_clusters"]
+__all__ = ["build_clusters"]
 
 KMEANS_RESTARTS = 4
 _PENDING = -2  # a token the k-means step has yet to place
@@ -290,7 +290,7 @@ def _is_ours(paths: ArtifactPaths, record: dict[str, Any] | None) -> bool:
 
 def _write_claimed(paths: ArtifactPaths, target: Path, content: dict[str, Any]) -> None:
     """Writes `content` as JSON to `target` (the descriptions, the initial deltas), claimed in
-    the cluster directory's ledger first (clusters/written.py)."""
+    the cluster directory's ledger first (build/written.py)."""
     data = (json.dumps(content, indent=2) + "\n").encode("utf-8")
     claim(paths, target, data)
     atomic_write_bytes(target, data)
