@@ -216,7 +216,7 @@ def test_only_viable_candidates_become_parents(tmp_path, shared, tiny_model_dir,
     any other but 50% correct joins it. The quality sigmoid would draw that member nearly
     every time; as it is not viable, it is never a parent nor a crossover partner."""
     from compressor_2.archive import Candidate
-    from compressor_2.strategies import archive as strategy
+    from compressor_2.strategies.archive import strategy
 
     original = strategy.Archive.seed
     planted: list[int] = []

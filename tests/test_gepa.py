@@ -256,7 +256,7 @@ def test_a_kept_child_continues_its_parents_round_robin(tmp_path, shared_eight_c
     round-robin position, the highest among them, instead of starting again at cluster 0.
     The GEPA loop runs on the real services of `evolve`, with 8 clusters (ids 0..7)."""
     import compressor_2.commands.evolve
-    from compressor_2.strategies import gepa
+    from compressor_2.strategies.gepa import strategy as gepa
 
     records: list[dict] = []
 
