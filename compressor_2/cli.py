@@ -55,7 +55,7 @@ def _build_clusters_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _build_clusters(files: Files, args: argparse.Namespace) -> None:
-    from compressor_2.clusters.build import build_clusters
+    from compressor_2.clusters.builder import build_clusters
 
     files.check_cluster_outputs()
     build_clusters(files.config, force=args.force, paths=files.artifacts)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from compressor_2.cli import main
-from compressor_2.clusters.build import build_clusters
+from compressor_2.clusters.builder import build_clusters
 from compressor_2.clusters.tokens import AnswerTokens
 from compressor_2.commands.evolve import evolve
 from compressor_2.fitness import Record

@@ -13,7 +13,7 @@ import pytest
 from deap import cma
 
 from compressor_2.cli import main
-from compressor_2.clusters.build import build_clusters
+from compressor_2.clusters.builder import build_clusters
 from compressor_2.config import Config
 from compressor_2.deltas import DELTA_BOUND, load_deltas
 from compressor_2.reflector.base import Reply, Usage

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from compressor_2.cli import main
-from compressor_2.clusters.build import build_clusters
+from compressor_2.clusters.builder import build_clusters
 from compressor_2.config import load_config
 from compressor_2.config.sglang import same_model
 from compressor_2.engines.base import GenerationRequest

@@ -1578,7 +1578,7 @@ def test_a_set_recorded_with_the_model_path_keeps_its_fingerprint(tmp_path, shar
     """Item 4, for the clusters users have: a set built when the model's path was an input
     (its record names the path, its fingerprint hashed it) is taken as it is, wherever the
     model lies now: no rebuild, and the fingerprint deployed processors hold is kept."""
-    from compressor_2.clusters.build import build_clusters
+    from compressor_2.clusters.builder import build_clusters
     from tests.test_evolution_support import config_for
 
     scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted, lambda strategy: uninterrupted)

@@ -95,7 +95,7 @@ def preflight(config: Config, files: Files) -> Iterator[Inputs]:
     lock is taken, the rest under it (held until the run ends); nothing is written or rebuilt before a resume's settings are compared, and
     nothing but a rebuild (whose map the run's identity compares) before the session's
     `begin`."""
-    from compressor_2.clusters.build import build_clusters
+    from compressor_2.clusters.builder import build_clusters
     from compressor_2.clusters.clusterset import cluster_map_digest
     from compressor_2.data import examples_from_config, holdout_examples
     from compressor_2.engines import check_model

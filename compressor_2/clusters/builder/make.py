@@ -41,13 +41,13 @@ from compressor_2.clusters.clusterset import (
     read_record,
     record_problem,
 )
-from compressor_2.clusters.build.describe import describe_clusters, unsteered
+from compressor_2.clusters.builder.describe import describe_clusters, unsteered
 from compressor_2.clusters.embed import MAX_PIECES, embed_texts
 from compressor_2.clusters.layout import LOCK_FILE, UNSTEERED
 from compressor_2.clusters.roles import FIRST_ROLE_ID, ROLES, Role, role_token_ids
 from compressor_2.clusters.special import EMBEDDED_TEXT_VERSION, number_token_ids, strip_markers
 from compressor_2.clusters.vocab import Vocabulary, load_vocabulary, tokenizer_files_digest
-from compressor_2.clusters.build.written import claim, written_here
+from compressor_2.clusters.builder.written import claim, written_here
 from compressor_2.common import (
     ConfigError,
     RunError,
