@@ -290,7 +290,7 @@ def _is_ours(paths: ArtifactPaths, record: dict[str, Any] | None) -> bool:
 
 def _write_claimed(paths: ArtifactPaths, target: Path, content: dict[str, Any]) -> None:
     """Writes `content` as JSON to `target` (the descriptions, the initial deltas), claimed in
-    the cluster directory's ledger first (build/written.py)."""
+    the cluster directory's ledger first (builder/written.py)."""
     data = (json.dumps(content, indent=2) + "\n").encode("utf-8")
     claim(paths, target, data)
     atomic_write_bytes(target, data)
