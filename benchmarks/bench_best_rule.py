@@ -13,8 +13,11 @@ code) and sets the rule a run uses today against rules that tell a gain from noi
   interval of the difference reaches zero);
 - shortest not significantly below the baseline: the shortest candidate whose correctness on
   the pool is not significantly lower than the unsteered baseline's;
-- shortest with the baseline's right answers: the shortest candidate with at least as many
-  right answers on the pool as the unsteered baseline.
+- shortest as correct as the baseline (CONFIG_BEST_SHORTEST, what a run does with it): the
+  shortest candidate with at least the unsteered baseline's correctness on the pool, the
+  fitter on equal tokens, ranked by the run's own code (run/best.py). The search follows
+  the fitness either way, so a run with that option makes the same candidates as the run
+  read here and calls this one its best.
 
 Each rule's pick is then read on the held-out questions, paired against the model as it is
 and, in runs whose prompts carry the instruction, against the instruction alone; no answer is
@@ -44,6 +47,7 @@ sys.path.insert(0, str(REPO))
 from compressor_2.archive import RunArchive  # noqa: E402 - after the path is set
 from compressor_2.common import atomic_write_text  # noqa: E402
 from compressor_2.config import load_config  # noqa: E402
+from compressor_2.run.best import rank  # noqa: E402
 from compressor_2.findings import HELDOUT, TRAINING, Arm, Claims, Paired, Standing, read_tools_record, standing  # noqa: E402
 
 ORACLE = REPO / "docs" / "real-model" / "stop_oracle.json"  # the baselines' stop oracle, 200 held-out
@@ -83,16 +87,17 @@ def shortest_near_baseline(candidates: Sequence[Candidate], claims: Claims, base
     return min(eligible, key=lambda c: (c.tokens, -c.fitness, c.id))
 
 
-def shortest_keeping_right(candidates: Sequence[Candidate], claims: Claims, baseline: Candidate) -> Candidate:
-    eligible = [c for c in candidates if c.correctness >= baseline.correctness - 1e-12] or [baseline]
-    return min(eligible, key=lambda c: (c.tokens, -c.fitness, c.id))
+def shortest_as_correct(candidates: Sequence[Candidate], claims: Claims, baseline: Candidate) -> Candidate:
+    """CONFIG_BEST_SHORTEST, through the run's own rank (run/best.py)."""
+    everyone = [baseline, *candidates] if baseline.id > 0 else list(candidates)
+    return max(everyone, key=lambda c: (rank(c.fitness, c.tokens, c.correctness, baseline.correctness), -c.id))
 
 
 RULES: dict[str, Rule] = {
     "fittest (today)": fittest,
     "shorter, not significantly less correct than the best so far": shorter_not_worse,
     "shortest not significantly below the baseline": shortest_near_baseline,
-    "shortest with the baseline's right answers": shortest_keeping_right,
+    "shortest as correct as the baseline (CONFIG_BEST_SHORTEST)": shortest_as_correct,
 }
 
 

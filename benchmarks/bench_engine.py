@@ -64,11 +64,11 @@ from compressor_2.demo.smollm2 import ModelNotFound, installed_gguf  # noqa: E40
 from compressor_2.demo.task import DATA_DIR  # noqa: E402
 from compressor_2.demo.train import MODEL_DIR  # noqa: E402
 from compressor_2.engines.base import Generation, GenerationRequest  # noqa: E402
-from compressor_2.engines.decode import MIN_ROWS  # noqa: E402
+from compressor_2.engines.transformers.decode import MIN_ROWS  # noqa: E402
 from compressor_2.engines.logit_bias.engine import LogitBiasEngine  # noqa: E402
-from compressor_2.engines.prompt_cache import PromptCache  # noqa: E402
-from compressor_2.engines.transformers_engine import TransformersEngine  # noqa: E402
-from compressor_2.pretrained import generation_eos, load_tokenizer  # noqa: E402
+from compressor_2.engines.transformers.prompt_cache import PromptCache  # noqa: E402
+from compressor_2.engines.transformers.engine import TransformersEngine  # noqa: E402
+from compressor_2.model import generation_eos, load_tokenizer  # noqa: E402
 from compressor_2.steering.hf_processor import DeltaBiasProcessor  # noqa: E402
 
 VOCAB = 32_000

@@ -61,7 +61,7 @@ def distinct_candidates(archive: RunArchive) -> list[Candidate]:
 def held_out(config: Config, candidates: list[Candidate]) -> list[Evaluation]:
     from tqdm import tqdm
 
-    from compressor_2.clusters.build import build_clusters
+    from compressor_2.clusters.builder import build_clusters
     from compressor_2.data import examples_from_config
     from compressor_2.demo.task import DATA_DIR
     from compressor_2.engines import make_engine

@@ -117,7 +117,7 @@ def anytime_curve(config: Any) -> list[tuple[int, float, dict[str, float]]]:
     its fitness on the whole pool, which GEPA's incumbents get here, from the cache
     where the answers exist."""
     from compressor_2.archive import RunArchive
-    from compressor_2.clusters.build import build_clusters
+    from compressor_2.clusters.builder import build_clusters
     from compressor_2.commands.evolve import answer_settings
     from compressor_2.data import examples_from_config
     from compressor_2.deltas import to_list

@@ -127,7 +127,7 @@ def answer(arm: Arm, args: argparse.Namespace) -> Path:
     command = ["nice", sys.executable, "-m", "compressor_2", "evaluate", "--config", str(config_path), "--data",
                str(args.data), "--indices", args.indices, "--out", str(out)]
     if arm.deltas:
-        from compressor_2.clusters.build import build_clusters
+        from compressor_2.clusters.builder import build_clusters
 
         ids = build_clusters(load_config(config_path)).cluster_ids
         phases = [{cid: 0.0 for cid in ids} for _ in range(arm.phases)]

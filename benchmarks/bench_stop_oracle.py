@@ -148,7 +148,7 @@ def answer(arm: ArmSpec, args: argparse.Namespace) -> Path:
                str(args.data), "--indices", args.indices, "--out", str(out)]
     if arm.deltas is not None:
         config = load_config(arm.config)
-        from compressor_2.clusters.build import build_clusters
+        from compressor_2.clusters.builder import build_clusters
 
         ids = build_clusters(config).cluster_ids
         deltas = args.work / f"deltas_{name}.json"

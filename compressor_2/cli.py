@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from compressor_2.common import ConfigError, RunError, ScrubFilter, scrub, stop_on_first_signal, stopping
 from compressor_2.config import load_config
-from compressor_2.pretrained import check_model_path
+from compressor_2.model import check_model_path
 
 if TYPE_CHECKING:
     from compressor_2.commands.files import Files
@@ -55,7 +55,7 @@ def _build_clusters_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _build_clusters(files: Files, args: argparse.Namespace) -> None:
-    from compressor_2.clusters.build import build_clusters
+    from compressor_2.clusters.builder import build_clusters
 
     files.check_cluster_outputs()
     build_clusters(files.config, force=args.force, paths=files.artifacts)

@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 
 from compressor_2.cli import main
-from compressor_2.clusters.build import build_clusters
+from compressor_2.clusters.builder import build_clusters
 from compressor_2.clusters.tokens import AnswerTokens
 from compressor_2.commands.evolve import evolve
 from compressor_2.fitness import Record
 from compressor_2.reflector.base import Reply, Usage
 from compressor_2.reflector.local import LocalProposer
-from compressor_2.strategies.archive_ops import (
+from compressor_2.strategies.archive.ops import (
     feedback_scope,
     batch_target,
     issues_of,
@@ -216,7 +216,7 @@ def test_only_viable_candidates_become_parents(tmp_path, shared, tiny_model_dir,
     any other but 50% correct joins it. The quality sigmoid would draw that member nearly
     every time; as it is not viable, it is never a parent nor a crossover partner."""
     from compressor_2.archive import Candidate
-    from compressor_2.strategies import archive as strategy
+    from compressor_2.strategies.archive import strategy
 
     original = strategy.Archive.seed
     planted: list[int] = []

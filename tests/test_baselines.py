@@ -10,7 +10,7 @@ import pytest
 from deap import cma
 
 from compressor_2.commands.evolve import evolve
-from compressor_2.engines.transformers_engine import TransformersEngine
+from compressor_2.engines.transformers.engine import TransformersEngine
 from compressor_2.run.services import Run
 from compressor_2.strategies.cmaes import CmaesSampler
 from compressor_2.strategies.random import RandomSampler

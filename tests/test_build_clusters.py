@@ -13,7 +13,7 @@ import joblib
 import numpy as np
 import pytest
 
-from compressor_2.clusters.build import build_clusters
+from compressor_2.clusters.builder import build_clusters
 from compressor_2.clusters.clusterset import ArtifactPaths, load_cluster_set
 from compressor_2.clusters.layout import UNSTEERED
 from compressor_2.clusters.special import is_number_token
@@ -121,7 +121,7 @@ def test_a_change_of_the_cluster_rules_alone_reuses_the_embeddings(tmp_path: Pat
     config = cluster_config(tmp_path, tiny_model_dir)
     first = build_clusters(config)
     before = _mtimes(ArtifactPaths.from_config(config))
-    for module in ("compressor_2.clusters.clusterset", "compressor_2.clusters.build"):
+    for module in ("compressor_2.clusters.clusterset", "compressor_2.clusters.builder.make"):
         monkeypatch.setattr(f"{module}.RULES_VERSION", "a later one", raising=False)
     capsys.readouterr()
     second = build_clusters(config)
@@ -210,7 +210,7 @@ def test_cli(tmp_path: Path, tiny_model_dir: Path) -> None:
     # The warm path knows the vocabulary from the tokenizer files: no transformers, no torch.
     probe = subprocess.run(
         [sys.executable, "-c", "import sys; from compressor_2.config import load_config; "
-         "from compressor_2.clusters.build import build_clusters; build_clusters(load_config('test.config')); "
+         "from compressor_2.clusters.builder import build_clusters; build_clusters(load_config('test.config')); "
          "print(sorted({'transformers', 'torch', 'sentence_transformers'} & set(sys.modules)))"],
         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
     assert probe.returncode == 0 and probe.stdout.splitlines()[-1] == "[]", probe.stderr

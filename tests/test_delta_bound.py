@@ -13,13 +13,13 @@ import pytest
 from deap import cma
 
 from compressor_2.cli import main
-from compressor_2.clusters.build import build_clusters
+from compressor_2.clusters.builder import build_clusters
 from compressor_2.config import Config
 from compressor_2.deltas import DELTA_BOUND, load_deltas
 from compressor_2.reflector.base import Reply, Usage
 from compressor_2.reflector.validation import InvalidOutput, parse_mutation, parse_vector
 from compressor_2.strategies.cmaes import CmaesSampler
-from compressor_2.strategies.gepa_pareto import merge_components
+from compressor_2.strategies.gepa.pareto import merge_components
 from compressor_2.strategies.operators import weighted_average
 from compressor_2.strategies.random import RandomSampler
 from tests.cluster_helpers import cluster_config

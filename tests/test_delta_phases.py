@@ -29,7 +29,7 @@ from compressor_2.reflector.local import LocalProposer
 from compressor_2.reflector.prompts import mutation_messages, vector_messages, vector_schema
 from compressor_2.reflector.validation import ValidatingReflector, parse_vector
 from compressor_2.resume.identity import changes, run_identity
-from compressor_2.strategies.archive_ops import batch_target, issues_of
+from compressor_2.strategies.archive.ops import batch_target, issues_of
 from compressor_2.findings.simpler import simpler_options
 from tests.test_evolution_support import config_for, query, read_json, write_config
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 
-from compressor_2.clusters.build import build_clusters
+from compressor_2.clusters.builder import build_clusters
 from compressor_2.commands.evolve import evolve
 from compressor_2.config import load_config
 from tests.conftest import REPO

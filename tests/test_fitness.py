@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 from compressor_2.archive import RunArchive
 from compressor_2.data.example import Example
 from compressor_2.engines.base import Generation, GenerationRequest, Progress
-from compressor_2.engines.transformers_engine import TransformersEngine
+from compressor_2.engines.transformers.engine import TransformersEngine
 from compressor_2.fitness import Evaluator, example_score, fitness_value, shortness_score
 from compressor_2.judges.base import JudgeItem, Verdict
 

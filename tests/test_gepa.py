@@ -13,7 +13,7 @@ import pytest
 from compressor_2.cli import main
 from compressor_2.commands.evolve import evolve
 from compressor_2.common.errors import ConfigError
-from compressor_2.strategies.gepa_pareto import (
+from compressor_2.strategies.gepa.pareto import (
     EpochSampler,
     example_fronts as pareto_front,
     find_merge_triplet,
@@ -256,7 +256,7 @@ def test_a_kept_child_continues_its_parents_round_robin(tmp_path, shared_eight_c
     round-robin position, the highest among them, instead of starting again at cluster 0.
     The GEPA loop runs on the real services of `evolve`, with 8 clusters (ids 0..7)."""
     import compressor_2.commands.evolve
-    from compressor_2.strategies import gepa
+    from compressor_2.strategies.gepa import strategy as gepa
 
     records: list[dict] = []
 

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 from compressor_2.cli import main
-from compressor_2.clusters.build import build_clusters
+from compressor_2.clusters.builder import build_clusters
 from compressor_2.config import load_config
 from compressor_2.config.sglang import same_model
 from compressor_2.engines.base import GenerationRequest
-from compressor_2.engines.transformers_engine import TransformersEngine
-from compressor_2.model_digest import model_digest
+from compressor_2.engines.transformers.engine import TransformersEngine
+from compressor_2.model import model_digest
 from tests.test_evolution_support import write_config
 from tests.gguf_helpers import write_tiny_gguf
 
@@ -55,7 +55,7 @@ def test_build_clusters_reads_the_tokenizer_and_every_end_token_from_the_file(wo
     """Cluster 0 holds both of SmolLM2's end tokens: `<|im_end|>`, the file's eos, and
     `<|endoftext|>`; `<|im_start|>` is in no cluster. A rebuild with the file unchanged
     reads nothing of it."""
-    from compressor_2.pretrained import load_tokenizer
+    from compressor_2.model import load_tokenizer
 
     assert main(["build-clusters", "--config", config_path(work)]) == 0, capsys.readouterr().err
     assert "built 4 clusters for 320 tokens" in capsys.readouterr().out
@@ -93,7 +93,7 @@ def test_evolve_runs_on_the_file_and_deploys_its_processor(work, gguf_model, cap
 def test_the_engine_stops_at_every_token_of_cluster_0_not_only_at_the_files_eos(gguf_model):
     """`<|endoftext|>` is not the file's eos (`<|im_end|>` is), but it is an end token of
     cluster 0: an answer that emits it ends there, as SGLang's answer does at a stop id."""
-    from compressor_2.pretrained import load_tokenizer
+    from compressor_2.model import load_tokenizer
 
     tokenizer = load_tokenizer(str(gguf_model))
     clusters = np.ones(len(tokenizer), dtype=np.int64)
@@ -150,7 +150,7 @@ def test_a_server_serving_the_same_gguf_by_another_path_serves_the_configured_mo
 
 
 def test_a_process_converts_a_gguf_tokenizer_once_and_hands_out_copies(tmp_path, monkeypatch):
-    import compressor_2.pretrained as pretrained
+    import compressor_2.model.pretrained as pretrained
     from compressor_2.clusters.vocab import load_vocabulary
 
     model = write_tiny_gguf(tmp_path / "m.gguf")

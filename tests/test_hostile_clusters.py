@@ -11,7 +11,7 @@ import shutil
 import pytest
 
 from compressor_2.cli import main
-from compressor_2.clusters.build import build_clusters
+from compressor_2.clusters.builder import build_clusters
 from compressor_2.commands.evolve import evolve
 from tests.test_evolution_support import config_for, read_json, write_config
 

@@ -1335,7 +1335,7 @@ def test_a_full_disk_is_one_line_naming_the_file(tmp_path, shared, tiny_model_di
 def test_the_model_is_compared_by_its_files_and_cached_by_size_and_mtime(tmp_path, tiny_model_dir, monkeypatch):
     """Item 5: a file's digest is read from the cache while its size and mtime are the same
     (a 70B is not hashed again), and hashed again when either changed."""
-    from compressor_2.model_digest import model_digest
+    from compressor_2.model import model_digest
 
     monkeypatch.setenv("COMPRESSOR_2_CACHE", str(tmp_path / "cache"))
     model = Path(shutil.copytree(tiny_model_dir, tmp_path / "model"))
@@ -1578,7 +1578,7 @@ def test_a_set_recorded_with_the_model_path_keeps_its_build_digest(tmp_path, sha
     """Item 4, for the clusters users have: a set built when the model's path was an input
     (its record names the path, its build digest hashed it) is taken as it is, wherever the
     model lies now: no rebuild, and the build digest deployed processors hold is kept."""
-    from compressor_2.clusters.build import build_clusters
+    from compressor_2.clusters.builder import build_clusters
     from tests.test_evolution_support import config_for
 
     scene = Scene(tmp_path, shared, tiny_model_dir, uninterrupted, lambda strategy: uninterrupted)
@@ -1949,7 +1949,7 @@ def test_tied_embeddings_are_no_missing_tensor_and_a_load_checks_the_weights_too
     tiny GPT-2 saves no lm_head): not missing. What the header check cannot see, the load
     refuses in the same line."""
     from compressor_2.common import ConfigError
-    from compressor_2.pretrained import load_causal_lm, model_context
+    from compressor_2.model import load_causal_lm, model_context
     from tests.gguf_helpers import CONTEXT
 
     assert model_context(str(write_tiny_gguf(tmp_path / "tiny.gguf"))) == CONTEXT

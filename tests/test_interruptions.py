@@ -69,7 +69,7 @@ def _arm(batch: int, first: int, second: int | None) -> None:
     """The engine sends `first` to its own process once it has generated answer batch `batch`
     (counted from 1 over the run), and `second` at the next fsync (a durable write) or a
     little later."""
-    from compressor_2.engines.transformers_engine import TransformersEngine
+    from compressor_2.engines.transformers.engine import TransformersEngine
 
     original, counter = TransformersEngine._generate_batch, itertools.count(1)
     sent = threading.Event()
@@ -115,7 +115,7 @@ def _interrupted_leg(config: str, log: str, batch: int, first: int, second: int 
 def forkserver() -> multiprocessing.context.ForkServerContext:
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["compressor_2.cli", "compressor_2.commands.evolve", "compressor_2.engines.registry",
-                                    "compressor_2.engines.transformers_engine", "transformers", "torch",
+                                    "compressor_2.engines.transformers.engine", "transformers", "torch",
                                     __name__])
     return context
 
@@ -143,7 +143,7 @@ class Reference:
 
 
 def count_batches(monkeypatch: pytest.MonkeyPatch) -> Callable[[], int]:
-    from compressor_2.engines.transformers_engine import TransformersEngine
+    from compressor_2.engines.transformers.engine import TransformersEngine
 
     original, calls = TransformersEngine._generate_batch, []
 

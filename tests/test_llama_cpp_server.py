@@ -29,10 +29,10 @@ from compressor_2.common.errors import RunError
 from compressor_2.data import load_examples
 from compressor_2.engines.base import Generation, GenerationRequest
 from compressor_2.engines.logit_bias.engine import LogitBiasEngine
-from compressor_2.engines.transformers_engine import TransformersEngine
+from compressor_2.engines.transformers.engine import TransformersEngine
 from compressor_2.judges.base import JudgeItem
 from compressor_2.judges.numeric import NumericJudge
-from compressor_2.pretrained import load_tokenizer
+from compressor_2.model import load_tokenizer
 from compressor_2.steering.logit_bias import bias_json, logit_bias
 from tests.conftest import REPO
 from tests.gguf_helpers import write_tiny_gguf

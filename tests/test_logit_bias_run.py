@@ -13,7 +13,7 @@ import pytest
 
 from compressor_2.archive import ARCHIVE_FILE, RunArchive
 from compressor_2.cli import main
-from compressor_2.clusters.build import build_clusters
+from compressor_2.clusters.builder import build_clusters
 from compressor_2.clusters.clusterset import cluster_map_digest, load_cluster_set
 from compressor_2.common.errors import ConfigError
 from compressor_2.config import load_config

@@ -10,8 +10,8 @@ import pytest
 
 from compressor_2.common.errors import ConfigError
 from compressor_2.config import load_config
-from compressor_2.strategies.ga_individual import new_individual
-from compressor_2.strategies.ga_operators import RRState, Tournament, Truncation, make_selection, next_target, pairs
+from compressor_2.strategies.ga.operators import RRState, Tournament, Truncation, make_selection, next_target, pairs
+from compressor_2.strategies.individual import new_individual
 from compressor_2.strategies.operators import weighted_average
 from tests.conftest import REPO
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from compressor_2.clusters.build import build_clusters
+from compressor_2.clusters.builder import build_clusters
 from compressor_2.clusters.clusterset import ClusterSet
 from compressor_2.clusters.layout import BUILD_RECORD_FILE, UNSTEERED
 from compressor_2.common.errors import ConfigError

@@ -20,7 +20,7 @@ from compressor_2.data import Example
 from compressor_2.deltas import gene_ids
 from compressor_2.fitness import Record
 from compressor_2.judges import NumericJudge
-from compressor_2.pretrained import load_tokenizer
+from compressor_2.model import load_tokenizer
 from compressor_2.reflector.base import MutationRequest, VectorRequest
 from compressor_2.reflector.evidence import AnswerEvidence, PaddingEvidence, evidence_lines
 from compressor_2.reflector.local import LocalProposer

@@ -32,7 +32,7 @@ from compressor_2.resume.state import (
     save_state,
     seed_rng,
 )
-from compressor_2.strategies.ga import GaState, ga_format
+from compressor_2.strategies.ga.strategy import GaState, ga_format
 from tests.conftest import REPO
 from tests.test_evolution_support import config_for, query, read_json, write_config
 

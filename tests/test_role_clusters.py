@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from compressor_2.cli import main
-from compressor_2.clusters.build import build_clusters
+from compressor_2.clusters.builder import build_clusters
 from compressor_2.clusters.clusterset import ArtifactPaths, config_inputs, load_cluster_set, read_build_record
 from compressor_2.clusters.roles import FIRST_ROLE_ID, ROLES, cluster_count, role_ids, role_of
 from compressor_2.common import ConfigError

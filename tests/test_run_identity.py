@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from compressor_2.cli import main
-from compressor_2.clusters.build import build_clusters
+from compressor_2.clusters.builder import build_clusters
 from compressor_2.clusters.clusterset import ArtifactPaths, cluster_map_digest, read_cluster_set
 from compressor_2.config import KCONFIG_PATH, Config, load_config
 from compressor_2.data.financebench import examples_from_config

@@ -28,7 +28,8 @@ from compressor_2.reflector.prompts import (
     vector_schema,
 )
 from compressor_2.reflector.validation import InvalidOutput, ValidatingReflector, parse_selection, parse_vector
-from compressor_2.strategies.ga_individual import _apply_vector, new_individual
+from compressor_2.strategies.ga.individual import _apply_vector
+from compressor_2.strategies.individual import new_individual
 from compressor_2.strategies.operators import append_summary
 from tests.conftest import REPO
 from tests.fakes.openai_server import FakeOpenAIServer, chat_completion

@@ -15,7 +15,7 @@ from compressor_2.clusters.special import number_token_ids
 from compressor_2.clusters.tokens import AnswerTokens
 from compressor_2.data import Example
 from compressor_2.judges import JudgeItem, NumericJudge, figure_spans, stopping_points
-from compressor_2.pretrained import load_tokenizer
+from compressor_2.model import load_tokenizer
 from compressor_2.findings.claims import Claims
 from compressor_2.findings.stop_oracle import (
     AFTER,

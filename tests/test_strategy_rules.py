@@ -71,10 +71,10 @@ def offences(source: str) -> list[str]:
 
 
 def strategy_modules() -> list[Path]:
-    return sorted((PACKAGE / "strategies").glob("*.py"))
+    return sorted((PACKAGE / "strategies").rglob("*.py"))
 
 
-@pytest.mark.parametrize("path", strategy_modules(), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", strategy_modules(), ids=lambda p: str(p.relative_to(PACKAGE / "strategies")))
 def test_a_strategy_module_holds_only_its_decisions(path: Path):
     assert offences(path.read_text(encoding="utf-8")) == []
 

@@ -14,9 +14,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, M
 from compressor_2.clusters.vocab import load_vocabulary
 from compressor_2.common.errors import ConfigError
 from compressor_2.engines.base import GenerationRequest
-from compressor_2.engines.decode import MIN_ROWS
-from compressor_2.engines.prompt_cache import CACHE_ARG, PromptCache, kv_bytes
-from compressor_2.engines.transformers_engine import TransformersEngine
+from compressor_2.engines.transformers.decode import MIN_ROWS
+from compressor_2.engines.transformers.prompt_cache import CACHE_ARG, PromptCache, kv_bytes
+from compressor_2.engines.transformers.engine import TransformersEngine
 from compressor_2.steering.hf_processor import DeltaBiasProcessor
 from compressor_2.steering.phases import OTHER, phase_sequence, vocabulary_classes
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from compressor_2.clusters.build import build_clusters
+from compressor_2.clusters.builder import build_clusters
 from compressor_2.clusters.clusterset import ArtifactPaths, ClusterSet
 from compressor_2.clusters.layout import UNSTEERED
 from compressor_2.clusters.vocab import load_vocabulary

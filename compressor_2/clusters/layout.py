@@ -8,7 +8,7 @@ KMEANS_FILE = "labels_kmeans.joblib"
 TOKEN_CLUSTERS_FILE = "token_clusters.npy"
 # Written last by a build, removed first by a rebuild: present = a complete set.
 BUILD_RECORD_FILE = "fingerprint.json"
-LEDGER_FILE = "written.json"  # what builds wrote outside their own names (clusters/written.py)
+LEDGER_FILE = "written.json"  # what builds wrote outside their own names (clusters/builder/written.py)
 CLUSTER_LOCK_FILE = ".lock"  # held shared by every process using the set, exclusively by a rebuild
 # The cluster map's id of a token no delta may move (a special or added token other than
 # EOS): it is in no cluster, and its bias is 0 whatever the deltas.

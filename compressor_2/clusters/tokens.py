@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from compressor_2.pretrained import load_tokenizer
+from compressor_2.model import load_tokenizer
 
 if TYPE_CHECKING:
     from compressor_2.clusters.clusterset import ClusterSet

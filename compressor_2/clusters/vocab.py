@@ -10,8 +10,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from compressor_2.clusters.special import eos_token_ids, unsteered_token_ids
-from compressor_2.model_digest import file_digest
-from compressor_2.pretrained import generation_eos, gguf_file, load_tokenizer
+from compressor_2.model import file_digest, generation_eos, gguf_file, load_tokenizer
 
 
 @dataclass(frozen=True)

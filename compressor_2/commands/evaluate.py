@@ -26,7 +26,7 @@ def run_evaluate(config: Config, deltas_path: Path | None, indices: str | None,
                  out: Path | None, files: Files, force: bool = False) -> None:
     """`config`: the command's, with `--data` as its training data; `files`: the table of the
     command's files, made from the config as loaded and the command line."""
-    from compressor_2.clusters.build import build_clusters
+    from compressor_2.clusters.builder import build_clusters
     from compressor_2.clusters.clusterset import cluster_map_digest
     from compressor_2.data import examples_from_config
     from compressor_2.engines import check_model, make_engine

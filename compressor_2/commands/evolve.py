@@ -95,7 +95,7 @@ def preflight(config: Config, files: Files) -> Iterator[Inputs]:
     lock is taken, the rest under it (held until the run ends); nothing is written or rebuilt before a resume's settings are compared, and
     nothing but a rebuild (whose map the run's identity compares) before the session's
     `begin`."""
-    from compressor_2.clusters.build import build_clusters
+    from compressor_2.clusters.builder import build_clusters
     from compressor_2.clusters.clusterset import cluster_map_digest
     from compressor_2.data import examples_from_config, holdout_examples
     from compressor_2.engines import check_model
@@ -176,7 +176,7 @@ def services(config: Config, inputs: Inputs, archive: RunArchive, identity: dict
     the session's first writes (`begin`), which the driver makes once it has read and
     checked the run's files. Nothing is written here."""
     from compressor_2.judges import make_judge
-    from compressor_2.steering.generate import model_classes, write_processor
+    from compressor_2.steering.generate import write_processor
 
     ids = gene_ids(inputs.clusters.cluster_ids, config.delta_phases)
     judge = make_judge(config)
@@ -191,8 +191,7 @@ def services(config: Config, inputs: Inputs, archive: RunArchive, identity: dict
         say(f"warning: {warning}")
     # Over the run's clusters, loaded once; BestEver says what changed, so the processor's
     # own line goes unsaid.
-    best = BestEver(config.output_dir, functools.partial(write_processor, inputs.clusters,
-                                                         token_classes=model_classes(config.model_path)),
+    best = BestEver(config.output_dir, functools.partial(write_processor, inputs.clusters, model_path=config.model_path),
                     map_digest=inputs.digest)
     run = Run(config=config, cluster_ids=ids, examples=inputs.examples, archive=archive,
               evaluator=evaluator_on(store=archive), reflector=reflector,

@@ -11,7 +11,7 @@ writes, each with its role and the option that names it (an `Entry`):
 - cluster artifacts: what a cluster build writes in CONFIG_CLUSTER_DIR under names of its
   own (`artifacts`, the paths the build is handed);
 - cluster outputs: what a build writes at paths the config names (the descriptions, the
-  all-zero initial deltas and their sidecar), only where clusters/written.py says it may;
+  all-zero initial deltas and their sidecar), only where clusters/builder/written.py says it may;
 - run files: the names `evolve` writes in a run directory (`owned_files`), protected in
   CONFIG_OUTPUT_DIR and in any directory that holds a run;
 - a command's outputs (`evaluate --out`, `generate-processor --out`, export's files,
@@ -36,11 +36,11 @@ from enum import Enum
 from pathlib import Path
 
 from compressor_2.clusters.clusterset import ArtifactPaths
-from compressor_2.clusters.written import builds, why_not_writable, written_here
+from compressor_2.clusters.builder import builds, why_not_writable, written_here
 from compressor_2.common import ConfigError, file_identity, file_kind, why_unwritable
 from compressor_2.config import Config
 from compressor_2.deltas import sidecar_path
-from compressor_2.model_digest import model_files
+from compressor_2.model import model_files
 
 SIDECAR = "the sidecar of CONFIG_INITIAL_DELTAS_PATH"
 
@@ -179,7 +179,7 @@ class Files:
         every rebuild) and the all-zero initial deltas with their sidecar (written when
         absent, or over the file a build wrote). Each never over an input in another role or
         a run's file, and only at a new path or over what a build of the same cluster
-        directory wrote there (clusters/written.py), never through a symbolic link."""
+        directory wrote there (clusters/builder/written.py), never through a symbolic link."""
         paths, initial = self.artifacts, self.config.initial_deltas_path
         descriptions = self.config.cluster_descriptions_path
         if run := self.run_owning(paths.descriptions):

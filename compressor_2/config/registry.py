@@ -1,5 +1,5 @@
 """The strategy registry: every entry `STRATEGY_<NAME>` of Kconfig's strategy choice names the
-module compressor_2/strategies/<name>.py, a plug-in loaded here by that name (nothing below
+module compressor_2/strategies/<name>.py (or package <name>/), a plug-in loaded here by that name (nothing below
 the commands imports a strategy module). It sits with the configuration because the
 configuration reads what a module declares of itself, all optional:
 - `read_options(reader)`: its options, typed and checked once, when the config is loaded;

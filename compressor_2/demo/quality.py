@@ -22,7 +22,7 @@ from compressor_2.data import Example, load_examples
 from compressor_2.demo.task import DATA_DIR
 from compressor_2.demo.train import MODEL_DIR
 from compressor_2.engines import GenerationRequest
-from compressor_2.engines.transformers_engine import TransformersEngine
+from compressor_2.engines.transformers.engine import TransformersEngine
 from compressor_2.judges import JudgeItem, NumericJudge
 
 ALL = "all"
@@ -64,7 +64,7 @@ def score(engine: TransformersEngine, examples: list[Example], eos_bias: float,
 
 def eos_engine(model: Path, batch_size: int, max_new_tokens: int) -> TransformersEngine:
     """The engine on a two-cluster map: cluster 0 = the EOS token(s), cluster 1 = the rest."""
-    from compressor_2.pretrained import load_tokenizer
+    from compressor_2.model import load_tokenizer
 
     tokenizer = load_tokenizer(str(model))
     clusters = np.ones(len(tokenizer), dtype=np.int64)

@@ -3,7 +3,6 @@
 from compressor_2.engines.base import Engine, GenerationRequest, Progress
 from compressor_2.engines.preflight import check_model
 from compressor_2.engines.registry import LazyEngine, make_engine
-from compressor_2.engines.sglang.model import served_models
 from compressor_2.engines.sglang.server import LOG_NAME
 
-__all__ = ["LOG_NAME", "Engine", "GenerationRequest", "LazyEngine", "Progress", "check_model", "make_engine", "served_models"]
+__all__ = ["LOG_NAME", "Engine", "GenerationRequest", "LazyEngine", "Progress", "check_model", "make_engine"]

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from compressor_2.common import ConfigError
 from compressor_2.data import INSTRUCTED
 from compressor_2.engines.chat import encode_prompt, prompt_label
-from compressor_2.pretrained import load_tokenizer, model_context
+from compressor_2.model import load_tokenizer, model_context
 
 if TYPE_CHECKING:
     from compressor_2.config import Config

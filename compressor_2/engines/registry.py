@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from compressor_2.engines.base import Engine, Generation, GenerationRequest, Progress
 
 if TYPE_CHECKING:
-    from compressor_2.clusters.build import ClusterSet
+    from compressor_2.clusters.clusterset import ClusterSet
     from compressor_2.config import Config
 
 # (config, clusters, every prompt the run will send by example id) -> engine. The SGLang
@@ -19,7 +19,7 @@ EngineFactory = Callable[["Config", "ClusterSet", Mapping[str, str]], Engine]
 
 
 def _transformers(config: Config, clusters: ClusterSet, prompts: Mapping[str, str]) -> Engine:
-    from compressor_2.engines.transformers_engine import TransformersEngine
+    from compressor_2.engines.transformers.engine import TransformersEngine
 
     del prompts
     return TransformersEngine.from_config(config, clusters, **phases(config))

@@ -15,7 +15,7 @@ from compressor_2.reflector.prompt_log import PROMPT_DIR, PromptLog
 from compressor_2.reflector.validation import ValidatingReflector
 
 if TYPE_CHECKING:
-    from compressor_2.clusters.build import ClusterSet
+    from compressor_2.clusters.clusterset import ClusterSet
     from compressor_2.config import Config
 
 # (config, the run's answers retokenised through the cluster map) -> a proposer

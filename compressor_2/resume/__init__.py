@@ -2,7 +2,7 @@
 
 from compressor_2.resume.fields import FieldError
 from compressor_2.resume.history import (
-    HISTORY_FILE, Score, Work, append_log, load_history, log_lines, save_history, step_entry, truncate_log,
+    HISTORY_FILE, Score, StepEntry, Work, append_log, load_history, log_lines, save_history, step_entry, truncate_log,
     work_entry,
 )
 from compressor_2.resume.identity import (
@@ -16,7 +16,7 @@ from compressor_2.resume.state import (
 )
 
 __all__ = ["CONCURRENCY", "GLOBAL_RNGS", "HISTORY_FILE", "IDENTITY_KEY", "IN_SEARCH", "RUN_LOCK_FILE", "STEPS",
-           "FieldError", "Member", "Option", "RunFiles", "RunInputs", "Saved", "Score", "StateFormat", "Work", "append_log",
+           "FieldError", "Member", "Option", "RunFiles", "RunInputs", "Saved", "Score", "StateFormat", "StepEntry", "Work", "append_log",
            "candidate_ids", "capture_rngs", "check_identity", "check_lock_file", "check_not_in_use", "check_settings",
            "check_state", "compared", "held_list", "load_history", "log_lines", "model_identity", "read_member", "read_state",
            "recorded_context", "restore_rngs", "run_lock", "save_history", "save_state", "seed_rng", "state_json",

@@ -15,7 +15,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NotRequired, Protocol, TypedDict, cast
 
 import numpy as np
 
@@ -25,6 +25,31 @@ from compressor_2.resume.fields import FieldError
 
 HISTORY_FILE = "history.json"
 PLOTTED = ("best_fitness", "mean_fitness", "best_ever_fitness", "mean_tokens", "best_mean_tokens")
+
+
+class StepEntry(TypedDict):
+    """One step's entry of history.json, as a step returns it (`Report.entries`) and the
+    driver writes it (a plain JSON object on disk): the fields every plot reads, made by
+    `step_entry` from what the step scored; those only some strategies write; and
+    `stop_reason`, on the last entry once the run has stopped. A strategy may add fields
+    of its own (the GA's `Work`, the archive's census, GEPA's proposal), written after
+    these as they are."""
+
+    generation: int
+    best_fitness: float
+    mean_fitness: float
+    mean_tokens: float
+    best_mean_tokens: float
+    best_ever_fitness: float | None
+    min_fitness: NotRequired[float]
+    correctness: NotRequired[float]
+    best_correctness: NotRequired[float]
+    p10: NotRequired[float]
+    p50: NotRequired[float]
+    p90: NotRequired[float]
+    metric_calls: NotRequired[int]
+    seconds: NotRequired[float]
+    stop_reason: NotRequired[str]
 
 
 @dataclass
@@ -68,14 +93,14 @@ class Score:
 
 
 def step_entry(step: int, scored: Sequence[Scored], best_ever: float | None,
-               percentiles: bool = False) -> dict[str, Any]:
+               percentiles: bool = False) -> StepEntry:
     """The fields every plot reads of step `step`, from what it scored (a population, a batch,
     a pool, an archive): the best fitness (the first of equals is the best), the mean and
     the least, the mean tokens and correctness, the best one's tokens and correctness, and
     the best ever; with `percentiles`, the fitness's p10, p50 and p90 (a progress plot's)."""
     fitness = [s.fitness for s in scored]
     best = scored[max(range(len(scored)), key=fitness.__getitem__)]
-    entry = {
+    entry: StepEntry = {
         "generation": step,
         "best_fitness": max(fitness),
         "mean_fitness": sum(fitness) / len(fitness),
@@ -87,19 +112,19 @@ def step_entry(step: int, scored: Sequence[Scored], best_ever: float | None,
         "best_ever_fitness": best_ever,
     }
     if percentiles:
-        entry.update({f"p{q}": float(np.percentile(fitness, q)) for q in (10, 50, 90)})
+        entry["p10"], entry["p50"], entry["p90"] = (float(np.percentile(fitness, q)) for q in (10, 50, 90))
     return entry
 
 
-def work_entry(stats: dict[str, Any], work: Work) -> dict[str, Any]:
+def work_entry(stats: StepEntry, work: Work) -> StepEntry:
     """A GA generation's entry: the fields of the population it saw, and the work it did."""
     done = asdict(work)
     if done["selection"] is None:
         del done["selection"]
-    return {**stats, **done}
+    return cast(StepEntry, {**stats, **done})
 
 
-def load_history(path: Path, before: int | None) -> list[dict[str, Any]]:
+def load_history(path: Path, before: int | None) -> list[StepEntry]:
     """The entries of generations < `before` (a resumed run rewrites the rest); None: all."""
     if not path.exists():
         return []
@@ -135,11 +160,11 @@ def _check(entries: Any) -> None:
                 raise FieldError(f"{where}{key} is {found!r}, not a finite number")
 
 
-def save_history(path: Path, entries: Sequence[dict[str, Any]]) -> None:
+def save_history(path: Path, entries: Sequence[StepEntry]) -> None:
     atomic_write_json(path, list(entries))
 
 
-def append_log(path: Path, entries: Sequence[dict[str, Any]]) -> None:
+def append_log(path: Path, entries: Sequence[StepEntry]) -> None:
     """A step's entries, one JSON line each, at the end of the step log `path`."""
     with path.open("a", encoding="utf-8") as handle:
         handle.writelines(json.dumps(entry) + "\n" for entry in entries)

@@ -29,9 +29,8 @@ from compressor_2.archive import RunArchive
 from compressor_2.common import ConfigError, say
 from compressor_2.config import Config, registry
 from compressor_2.data import Example
-from compressor_2.engines import served_models
 from compressor_2.fitness import example_key
-from compressor_2.model_digest import model_digest
+from compressor_2.model import model_digest, served_models
 
 IDENTITY_KEY = "identity"  # in the archive's meta table
 SETTING_DIGEST_CHARS = 16
@@ -104,7 +103,7 @@ def _digest(value: object) -> str:
 
 
 def model_identity(config: Config) -> str:
-    """The model by what it holds: a local directory's digest (model_digest.py), a hub id as
+    """The model by what it holds: a local directory's digest (model/digest.py), a hub id as
     itself; for attached SGLang servers what their /model_info reports, the path's digest
     when that path is on this machine too (so the same model launched or attached is the
     same setting). A server that cannot be asked yet is described by CONFIG_MODEL_PATH: its

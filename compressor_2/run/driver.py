@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from compressor_2.archive import SEED_STEP
+from compressor_2.archive import SEED_STEP, RunArchive
 from compressor_2.common import (
     ConfigError,
     ReflectorUnavailable,
@@ -52,6 +52,7 @@ from compressor_2.resume import (
     Member,
     Saved,
     StateFormat,
+    StepEntry,
     append_log,
     capture_rngs,
     check_state,
@@ -69,13 +70,23 @@ from compressor_2.run.services import Run, resume_command
 from compressor_2.run.watch import CallWatch
 from compressor_2.findings import standing
 
+
+def check_readable(archive: RunArchive) -> None:
+    """Reads once every row the outputs draw on (the run's standing: its candidates and the
+    checks' results; the events; the stored answers) for its refusal alone, and drops what
+    it read: a hand-edited row is refused before anything is written."""
+    standing(archive)
+    archive.events()
+    archive.check_stored_answers()
+
+
 @dataclass(frozen=True)
 class Report:
     """What a step did: the history's entries from that step on (the GA's second one is
     the population it leaves), its line, and the JSON files it leaves in the run directory,
     by name (GEPA's front), which the driver writes with the history."""
 
-    entries: list[dict[str, Any]]
+    entries: list[StepEntry]
     line: str
     files: Mapping[str, Any] = field(default_factory=dict)
 
@@ -110,7 +121,7 @@ class Strategy(Protocol):
     def step(self, t: int) -> Report:
         ...
 
-    def closing(self, t: int) -> list[dict[str, Any]]:
+    def closing(self, t: int) -> list[StepEntry]:
         """The history's entries from step t on when the run stops before step t: none
         unless it has its own (the history ends with the last step's entry)."""
         return []
@@ -141,7 +152,7 @@ class Driver:
     def __init__(self, run: Run, strategy: Strategy, begin: Callable[[], None] = lambda: None) -> None:
         self.run, self.strategy, self.archive, self.begin = run, strategy, run.archive, begin
         self.path = run.out / strategy.state_format.file
-        self.history: list[dict[str, Any]] = []
+        self.history: list[StepEntry] = []
         self.saved: Saved[Any] | None = None
         self.idle = IdleSteps(run.config.max_idle_steps)
         self.replies_seen = run.archive.reply_tally().newest  # the newest reflector call the step boundaries have seen
@@ -183,9 +194,7 @@ class Driver:
             # rewrites the rest).
             self.history = load_history(self.run.out / HISTORY_FILE,
                                         before=None if self._all_run(saved.step) else saved.step)
-        standing(self.archive)
-        self.archive.events()
-        self.archive.check_stored_answers()
+        check_readable(self.archive)
         return saved
 
     def _start(self) -> int:

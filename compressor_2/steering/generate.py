@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import inspect
 import textwrap
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -131,26 +130,21 @@ def generate_processor(config: Config, deltas_path: Path, out: Path, force: bool
     """Write the standalone processor for the deltas in `deltas_path` to `out`, over the
     config's clusters (at `paths` when handed); deltas recorded for other clusters are
     refused unless `force`."""
-    print(write_processor(load_cluster_set(config, paths), deltas_path, out, force,
-                          model_classes(config.model_path)))
-
-
-def model_classes(model_path: str) -> Callable[[], np.ndarray]:
-    """The token classes of `model_path`'s vocabulary, made when first asked (only deltas by
-    phase ask, and decoding the vocabulary takes a second)."""
-    return lambda: phases.vocabulary_classes(load_vocabulary(model_path))
+    print(write_processor(load_cluster_set(config, paths), deltas_path, out, force, config.model_path))
 
 
 def write_processor(clusters: ClusterSet, deltas_path: Path, out: Path, force: bool = False,
-                    token_classes: Callable[[], np.ndarray] | None = None) -> str:
+                    model_path: str | None = None) -> str:
     """`generate_processor` over clusters already loaded (a run's, for each new best);
-    returns what was written, in a line. Deltas by phase need `token_classes`."""
+    returns what was written, in a line. Deltas by phase need the token classes of
+    `model_path`'s vocabulary, made only then (decoding the vocabulary takes a second)."""
     check_map_digest(deltas_path, cluster_map_digest(clusters), force)
     # As many answer phases as the file holds: the deltas, phase-major.
     deltas = to_list(load_deltas(deltas_path, clusters.cluster_ids, phases=None))
-    if len(deltas) > len(clusters.cluster_ids) and token_classes is None:
+    phased = len(deltas) > len(clusters.cluster_ids)
+    if phased and model_path is None:
         raise ConfigError(f"{deltas_path}: deltas by phase need the model's token classes")
-    classes = token_classes() if token_classes is not None and len(deltas) > len(clusters.cluster_ids) else None
+    classes = phases.vocabulary_classes(load_vocabulary(model_path)) if phased and model_path is not None else None
     source = render_processor(deltas, clusters, deltas_path, out.stem, classes)
     # A broken module would only fail on the server: refuse to write one.
     compile(source, str(out), "exec")

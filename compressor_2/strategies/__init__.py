@@ -1,10 +1,12 @@
-"""Evolution strategies, each one module found by name (`load_strategy`), its options read with `options_of`.
+"""Evolution strategies, each one module or package found by name (`load_strategy`), its options read with `options_of`.
 
-CONFIG_STRATEGY's entry `STRATEGY_<NAME>` in Kconfig selects `compressor_2/strategies/<name>.py`,
-through the strategy registry (`config/registry.py`); the run's driver (`run/driver.py`)
-runs every loop. Private arithmetic stands beside them (`ga_*.py`, `gepa_pareto.py`,
-`archive_ops.py`; `search.py`: random's and CMA-ES's steps); `operators.py` holds what
-several use. A strategy module provides (`Plugin`):
+CONFIG_STRATEGY's entry `STRATEGY_<NAME>` in Kconfig selects `compressor_2/strategies/<name>.py`
+or the package `compressor_2/strategies/<name>/`, through the strategy registry
+(`config/registry.py`); the run's driver (`run/driver.py`) runs every loop. A strategy with
+private arithmetic is a package holding it (`ga/`, `archive/`, `gepa/`, each one's face
+naming what the registry reads); `search.py` holds random's and CMA-ES's steps,
+`individual.py` the GA's and CMA-ES's individuals, `operators.py` what several use. A
+strategy module provides (`Plugin`):
 - `make(run) -> run.Strategy`: how it starts, one step, its state as one typed object (in
   its `state_format`) and how it takes that up again, over the services of `run.Run`;
 - `estimate(config, n_examples) -> Cost`: its start's and each step's cost, before any

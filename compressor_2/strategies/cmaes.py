@@ -24,7 +24,7 @@ from compressor_2.deltas import clamp_rows, to_list
 from compressor_2.resume import STEPS, FieldError, Option, RunFiles, compared, fields
 from compressor_2.run import Cost, Run
 from compressor_2.strategies import options_of
-from compressor_2.strategies.ga_individual import new_individual
+from compressor_2.strategies.individual import new_individual
 from compressor_2.strategies.search import Search
 
 FILES = RunFiles("cmaes_state.json")

@@ -27,6 +27,7 @@ from compressor_2.resume import (
     GLOBAL_RNGS,
     RunFiles,
     StateFormat,
+    StepEntry,
     candidate_ids,
     fields,
     held_list,
@@ -122,7 +123,7 @@ class Search(Strategy):
                                       for i, (genome, e) in enumerate(zip(batch, evaluations))])
         return [(c.id or 0, e) for c, e in zip(added, evaluations)]
 
-    def entry(self, t: int, assessed: Sequence[Evaluation]) -> dict[str, Any]:
+    def entry(self, t: int, assessed: Sequence[Evaluation]) -> StepEntry:
         return {**step_entry(t, assessed, self.run.best.fitness), "metric_calls": self.run.archive.metric_calls(),
                 "seconds": round(self.run.budget.seconds(), 3)}
 

@@ -46,11 +46,11 @@ from compressor_2.engines.logit_bias.server import (
     reply_fields,
     served_model,
 )
-from compressor_2.pretrained import load_tokenizer
+from compressor_2.model import load_tokenizer
 from compressor_2.steering.logit_bias import PHASES_REFUSAL, bias_json, logit_bias
 
 if TYPE_CHECKING:
-    from compressor_2.clusters.build import ClusterSet
+    from compressor_2.clusters.clusterset import ClusterSet
     from compressor_2.config import Config
 
 logger = logging.getLogger(__name__)

@@ -56,13 +56,13 @@ from compressor_2.engines.sglang.probe import (
     probe_cluster,
 )
 from compressor_2.engines.sglang.server import SGLangServer
-from compressor_2.pretrained import load_tokenizer
+from compressor_2.model import load_tokenizer
 from compressor_2.steering.guarded import guarded_spec
 from compressor_2.steering.phases import vocabulary_classes
 from compressor_2.steering.processor import custom_params, encode_cluster_map, processor_spec
 
 if TYPE_CHECKING:
-    from compressor_2.clusters.build import ClusterSet
+    from compressor_2.clusters.clusterset import ClusterSet
     from compressor_2.config import Config
 
 logger = logging.getLogger(__name__)

@@ -41,13 +41,13 @@ from compressor_2.clusters.clusterset import (
     read_build_record,
     record_problem,
 )
-from compressor_2.clusters.describe import describe_clusters, unsteered
+from compressor_2.clusters.builder.describe import describe_clusters, unsteered
 from compressor_2.clusters.embed import MAX_PIECES, embed_texts
 from compressor_2.clusters.layout import CLUSTER_LOCK_FILE, UNSTEERED
 from compressor_2.clusters.roles import FIRST_ROLE_ID, ROLES, Role, role_token_ids
 from compressor_2.clusters.special import EMBEDDED_TEXT_VERSION, number_token_ids, strip_markers
 from compressor_2.clusters.vocab import Vocabulary, load_vocabulary, tokenizer_files_digest
-from compressor_2.clusters.written import claim, written_here
+from compressor_2.clusters.builder.written import claim, written_here
 from compressor_2.common import (
     ConfigError,
     RunError,
@@ -59,7 +59,7 @@ from compressor_2.common import (
 from compressor_2.config import Config
 from compressor_2.deltas import canonical_ids, sidecar_path, load_deltas, write_sidecar
 
-__all__ = ["ClusterSet", "build_clusters"]
+__all__ = ["build_clusters"]
 
 KMEANS_RESTARTS = 4
 _PENDING = -2  # a token the k-means step has yet to place
@@ -290,7 +290,7 @@ def _is_ours(paths: ArtifactPaths, record: dict[str, Any] | None) -> bool:
 
 def _write_claimed(paths: ArtifactPaths, target: Path, content: dict[str, Any]) -> None:
     """Writes `content` as JSON to `target` (the descriptions, the initial deltas), claimed in
-    the cluster directory's ledger first (clusters/written.py)."""
+    the cluster directory's ledger first (builder/written.py)."""
     data = (json.dumps(content, indent=2) + "\n").encode("utf-8")
     claim(paths, target, data)
     atomic_write_bytes(target, data)

@@ -1,4 +1,4 @@
-"""DEAP types (CMA-ES draws its individuals as these too) and the GA's toolbox.
+"""The GA's toolbox over DEAP individuals (`strategies/individual.py`, shared with CMA-ES).
 
 An individual is a list of deltas in canonical cluster order with three attributes:
 `scratchpad` (the lineage's notes), `evaluation` (its training answers, or None while
@@ -14,28 +14,14 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
 from typing import Any
 
-from deap import base, creator
+from deap import base
 
 from compressor_2.deltas import to_dict
 from compressor_2.fitness import Evaluation, Evaluator
 from compressor_2.reflector import MergeRequest, MutationRequest, MutationResult, Reflector, VectorRequest, VectorResult
-from compressor_2.strategies.ga_operators import RRState, Selection, next_target
+from compressor_2.strategies.ga.operators import RRState, Selection, next_target
+from compressor_2.strategies.individual import Individual, new_individual
 from compressor_2.strategies.operators import append_summary, weighted_average
-
-if not hasattr(creator, "FitnessMax"):
-    creator.create("FitnessMax", base.Fitness, weights=(1.0,))
-if not hasattr(creator, "Individual"):
-    creator.create("Individual", list, fitness=creator.FitnessMax)
-
-Individual = Any  # creator.Individual: a list subclass made at runtime
-
-
-def new_individual(deltas: Sequence[float], scratchpad: str = "", candidate_id: int | None = None) -> Individual:
-    ind = creator.Individual(float(x) for x in deltas)
-    ind.scratchpad = scratchpad
-    ind.evaluation = None
-    ind.candidate_id = candidate_id
-    return ind
 
 
 def initial_population(initial: Sequence[float], size: int) -> list[Individual]:

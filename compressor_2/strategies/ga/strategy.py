@@ -56,6 +56,7 @@ from compressor_2.resume import (
     Option,
     RunFiles,
     StateFormat,
+    StepEntry,
     Work,
     compared,
     fields,
@@ -67,14 +68,9 @@ from compressor_2.resume import (
 )
 from compressor_2.run import Cost, NewCandidate, Report, Run
 from compressor_2.strategies import options_of
-from compressor_2.strategies.ga_individual import (
-    Individual,
-    initial_population,
-    invalidate,
-    make_toolbox,
-    new_individual,
-)
-from compressor_2.strategies.ga_operators import SELECTIONS, GaOptions, RRState, make_fallback, make_selection, pairs
+from compressor_2.strategies.ga.individual import initial_population, invalidate, make_toolbox
+from compressor_2.strategies.ga.operators import SELECTIONS, GaOptions, RRState, make_fallback, make_selection, pairs
+from compressor_2.strategies.individual import Individual, new_individual
 
 FILES = RunFiles("evolution_state.json")
 SENTINELS = ("POPULATION_SIZE", "NGEN", "CXPB", "MUTPB", "ELITISM_SIZE", "SELECTION")
@@ -252,7 +248,7 @@ class Ga:
     def step(self, t: int) -> Report:
         return generation(self, t)
 
-    def closing(self, t: int) -> list[dict[str, Any]]:
+    def closing(self, t: int) -> list[StepEntry]:
         """The history ends with the population entering generation t."""
         if not all(ind.fitness.valid for ind in self.population):
             return []
@@ -343,14 +339,14 @@ class Ga:
         best = self.run.archive.best()
         return best.fitness if best is not None else self.run.best.fitness
 
-    def stats(self, g: int, population: Sequence[Individual]) -> dict[str, Any]:
+    def stats(self, g: int, population: Sequence[Individual]) -> StepEntry:
         """The history's fields of the population entering generation g."""
         return step_entry(g, [ind.evaluation for ind in population], self.best_so_far())
 
     def member(self, ind: Individual) -> Member:
         return Member(to_dict(ind, self.run.cluster_ids), ind.scratchpad, ind.candidate_id)
 
-    def report(self, g: int, stats: dict[str, Any], work: Work) -> Report:
+    def report(self, g: int, stats: StepEntry, work: Work) -> Report:
         """Generation g's history entries (the population it saw and the work it did; the
         population it leaves) and its line."""
         final = self.stats(g + 1, self.population)
@@ -358,7 +354,7 @@ class Ga:
                       generation_line(g, self.options.ngen, final, work_entry(stats, work), self.run.budget.seconds()))
 
 
-def generation_line(generation: int, ngen: int, stats: dict[str, Any], work: dict[str, Any],
+def generation_line(generation: int, ngen: int, stats: StepEntry, work: Mapping[str, Any],
                     elapsed: float) -> str:
     return (f"gen {ordinal(generation, ngen)}: best {stats['best_fitness']:.4f}  "
             f"mean {stats['mean_fitness']:.4f}  tokens {stats['mean_tokens']:.1f}  "

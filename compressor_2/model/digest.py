@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from compressor_2.common import ConfigError, RunError, atomic_write_json
-from compressor_2.pretrained import gguf_file
+from compressor_2.model.pretrained import gguf_file
 
 CACHE_FILE = "model_digests.json"
 DIGEST_CHARS = 16

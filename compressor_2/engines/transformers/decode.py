@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from compressor_2.engines.prompt_cache import CACHE_ARG, last_logits_only, move_rows
+from compressor_2.engines.transformers.prompt_cache import CACHE_ARG, last_logits_only, move_rows
 from compressor_2.steering.bias import add_bias
 from compressor_2.steering.phases import PhaseTables
 

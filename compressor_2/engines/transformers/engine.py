@@ -21,15 +21,15 @@ from compressor_2.clusters.vocab import load_vocabulary
 from compressor_2.common import ConfigError
 from compressor_2.engines.base import Generation, GenerationRequest, Progress
 from compressor_2.engines.chat import encode_prompt, prompt_label
-from compressor_2.engines.decode import Decoding, decode
-from compressor_2.engines.prompt_cache import PromptCache, UnsupportedCache
-from compressor_2.pretrained import load_causal_lm, load_tokenizer
+from compressor_2.engines.transformers.decode import Decoding, decode
+from compressor_2.engines.transformers.prompt_cache import PromptCache, UnsupportedCache
+from compressor_2.model import load_causal_lm, load_tokenizer
 from compressor_2.steering.bias import gather_index
 from compressor_2.steering.hf_processor import DeltaBiasProcessor
 from compressor_2.steering.phases import PhaseTables, check_phases, phase_rows, vocabulary_classes
 
 if TYPE_CHECKING:
-    from compressor_2.clusters.build import ClusterSet
+    from compressor_2.clusters.clusterset import ClusterSet
     from compressor_2.config import Config
 
 

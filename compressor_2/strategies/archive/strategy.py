@@ -38,7 +38,7 @@ from compressor_2.resume import (
 )
 from compressor_2.run import Cost, NewCandidate, Report, Run, Strategy
 from compressor_2.strategies import options_of
-from compressor_2.strategies.archive_ops import (
+from compressor_2.strategies.archive.ops import (
     ARCHIVE_GENERATORS,
     FEEDBACK_SCOPES,
     ISSUE_TYPES,

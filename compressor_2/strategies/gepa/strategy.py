@@ -48,7 +48,7 @@ from compressor_2.resume import (
 )
 from compressor_2.run import Cost, NewCandidate, Report, Run, Strategy
 from compressor_2.strategies import options_of
-from compressor_2.strategies.gepa_pareto import (
+from compressor_2.strategies.gepa.pareto import (
     EpochSampler,
     example_fronts,
     find_merge_triplet,
