@@ -116,11 +116,14 @@ def assessed(now: Standing, claims: Claims) -> tuple[Candidate, list[Candidate]]
     return baseline, [c for c in found if c.genome != now.zeros]
 
 
-def read_run(folder: Path, oracle: dict[str, float]) -> dict[str, Any]:
+def read_run(folder: Path, oracle: dict[str, float]) -> dict[str, Any] | None:
+    """The run's picks, or None while it has no held-out check yet (still running)."""
     config = load_config(folder / "run.config")
     archive = RunArchive.open_read_only(folder / "run" / "run.sqlite")
     try:
         now = standing(archive)
+        if now.baseline is None or not now.heldout:
+            return None
         claims = Claims.of_config(config, archive)
         record = read_tools_record(archive)
         instruction = record.instruction if record is not None and record.in_search else ""
@@ -179,7 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     if not folders:
         print(f"error: no finished run under {args.out_root}", file=sys.stderr)
         return 2
-    runs = [read_run(folder, oracle_cuts()) for folder in folders]
+    found = [(folder, read_run(folder, oracle_cuts())) for folder in folders]
+    for folder, run in found:
+        if run is None:
+            print(f"{folder.name}: no held-out check yet, left out", file=sys.stderr)
+    runs = [run for _, run in found if run is not None]
     print("\n".join(table(runs)))
     if args.json:
         atomic_write_text(args.json, json.dumps({"runs": runs}, indent=1) + "\n")

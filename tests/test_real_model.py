@@ -27,6 +27,9 @@ def test_the_preset_loads_and_names_the_gguf_the_resolver_links(capsys):
     assert Path(config.model_path).name == smollm2.GGUF and config.strategy == "ga" == demo.strategy
     assert config.compare_simple and config.compare_instruction == "Answer with the figure only."
     assert not config.instruction_in_search
+    # The best is the shortest as correct as the baseline; the search's space is the demo's.
+    assert config.best_rule == "shortest" and demo.best_rule == "fittest"
+    assert (config.delta_phases, config.role_clusters) == (1, False)
     # The demo task, every held-out question, and nothing written where the demo writes.
     assert (config.financebench_jsonl_path, config.holdout_data, config.holdout_indices) == (
         demo.financebench_jsonl_path, demo.holdout_data, "")
