@@ -115,10 +115,12 @@ bench: $(STAMP)
 	@# The optimiser comparison runs its quick mode here; its full run takes 20 to 30 minutes on 2 cores.
 	@# bench_clusters.py includes a cold build of a 152k-token vocabulary: under 2 minutes on 2 idle CPU cores, up to 10 on shared ones.
 	@# bench_real_model.py, bench_stop_oracle.py and bench_phase_vectors.py are left out: they answer
-	@# with a real model for hours or tens of minutes (run them by hand).
+	@# with a real model for hours or tens of minutes (run them by hand); so is bench_best_rule.py, which
+	@# reads bench_real_model.py's finished runs.
 	@for b in benchmarks/bench_*.py benchmarks/calibrate_judge.py; do \
 	  [ $$b = benchmarks/bench_real_model.py ] && continue; \
 	  [ $$b = benchmarks/bench_stop_oracle.py ] && continue; \
 	  [ $$b = benchmarks/bench_phase_vectors.py ] && continue; \
+	  [ $$b = benchmarks/bench_best_rule.py ] && continue; \
 	  args=; [ $$b = benchmarks/bench_optimisers.py ] && args=--quick; \
 	  echo "== $$b $$args"; $(PY) $$b $$args || exit 1; done

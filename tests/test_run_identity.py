@@ -196,6 +196,8 @@ def rows(o: Others) -> dict[str, tuple[dict[str, str | None], dict[str, str | No
         "JUDGE_NUMERIC": (LLM_JUDGE, {"JUDGE_LLM": None, "JUDGE_NUMERIC": "y"}),
         "JUDGE_LLM": (GA, LLM_JUDGE),
         "JUDGE_HYBRID": (GA, {"JUDGE_HYBRID": "y"}),
+        "BEST_FITTEST": ({"BEST_SHORTEST": "y"}, {"BEST_SHORTEST": None, "BEST_FITTEST": "y"}),
+        "BEST_SHORTEST": (GA, {"BEST_SHORTEST": "y"}),
         "REFLECTOR_LOCAL": (OPENAI, {"REFLECTOR_OPENAI": None, "REFLECTOR_LOCAL": "y"}),
         "REFLECTOR_OPENAI": (GA, OPENAI),
         "STRATEGY_GA": (ARCHIVE, {"STRATEGY_ARCHIVE": None, "STRATEGY_GA": "y"}),
