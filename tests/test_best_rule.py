@@ -5,19 +5,16 @@ records, and a run and its resume under the shortest rule."""
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
 import pytest
 
 from compressor_2.archive import BEST_FLOOR, Candidate, RunArchive
-from compressor_2.cli import main
 from compressor_2.findings import training_baseline
 from compressor_2.fitness import Evaluation
 from compressor_2.resume import Member
 from compressor_2.resume.identity import RunInputs, changes, run_identity
 from compressor_2.run.best import BestEver, rank
-from tests.test_evolution_support import config_for, query, read_json, whole_and_resumed, write_config
+from tests.test_evolution_support import config_for, query, read_json, refused_resume, whole_and_resumed
 
 SHORTEST = {"BEST_FITTEST": "n", "BEST_SHORTEST": "y"}
 
@@ -89,23 +86,11 @@ def test_the_rule_is_part_of_the_identity_only_away_from_the_default(tmp_path, s
     assert refused == ["CONFIG_BEST_*: fittest when the run started, shortest now"] and allowed == []
 
 
-def files_of(out: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
-
-
 @pytest.mark.slow
 def test_a_resume_with_the_other_rule_is_refused_in_one_line_writing_nothing(tmp_path, shared, tiny_model_dir,
                                                                              uninterrupted, capsys):
-    out = tmp_path / "out"
-    shutil.copytree(uninterrupted, out)
-    before = files_of(out)
-    config = write_config(tmp_path, shared, tiny_model_dir, **SHORTEST)
-    capsys.readouterr()
-    assert main(["evolve", "--config", str(config)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err[0].startswith(f"error: '{out / 'run.sqlite'}' holds a run started with other settings")
-    assert err[1:-1] == ["  CONFIG_BEST_*: fittest when the run started, shortest now"], err
-    assert files_of(out) == before
+    changed = refused_resume(tmp_path, shared, tiny_model_dir, uninterrupted, capsys, **SHORTEST)
+    assert changed == ["  CONFIG_BEST_*: fittest when the run started, shortest now"], changed
 
 
 @pytest.mark.slow

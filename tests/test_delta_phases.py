@@ -9,7 +9,6 @@ a one-phase run records and writes what it always did; both reflectors propose o
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +30,7 @@ from compressor_2.reflector.validation import ValidatingReflector, parse_vector
 from compressor_2.resume.identity import changes, run_identity
 from compressor_2.strategies.archive.ops import batch_target, issues_of
 from compressor_2.findings.simpler import simpler_options
-from tests.test_evolution_support import config_for, query, read_json, write_config
+from tests.test_evolution_support import config_for, query, read_json, refused_resume, write_config
 
 CLUSTERS = ["0", "1", "2", "10"]
 DESCRIPTIONS = {"0": {"description": "EOS"}, "1": {"description": "numbers"}, "2": {"description": "words"}}
@@ -131,23 +130,11 @@ def test_a_phase_count_out_of_range_is_refused(tmp_path, shared, tiny_model_dir)
             config_for(tmp_path, shared, tiny_model_dir, DELTA_PHASES=value)
 
 
-def files_of(out: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
-
-
 @pytest.mark.slow
 def test_a_resume_with_other_phases_is_refused_in_one_line_writing_nothing(tmp_path, shared, tiny_model_dir,
                                                                            uninterrupted, capsys):
-    out = tmp_path / "out"
-    shutil.copytree(uninterrupted, out)
-    before = files_of(out)
-    config = write_config(tmp_path, shared, tiny_model_dir, DELTA_PHASES="2")
-    capsys.readouterr()
-    assert main(["evolve", "--config", str(config)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err[0].startswith(f"error: '{out / 'run.sqlite'}' holds a run started with other settings")
-    assert err[1:-1] == ["  CONFIG_DELTA_PHASES: 1 when the run started, 2 now"], err
-    assert files_of(out) == before
+    changed = refused_resume(tmp_path, shared, tiny_model_dir, uninterrupted, capsys, DELTA_PHASES="2")
+    assert changed == ["  CONFIG_DELTA_PHASES: 1 when the run started, 2 now"], changed
 
 
 @pytest.mark.slow

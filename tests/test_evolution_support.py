@@ -140,3 +140,27 @@ def default_run(tmp_path_factory, shared: Path, model_dir: Path) -> Path:
         evolve(config_for(work, shared, model_dir, NGEN=str(DEFAULT_NGEN)))
         (work / "done").touch()
     return work / "out"
+
+
+def files_of(out: Path) -> dict[str, bytes]:
+    """Every file under `out`, by relative path, with its bytes."""
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def refused_resume(tmp_path: Path, shared: Path, model_dir: Path, finished: Path, capsys, **symbols: str) -> list[str]:
+    """A copy of the finished run `finished` resumed with `symbols`: refused (exit 2), every
+    file as it was; returns the lines naming the changed settings."""
+    import shutil
+
+    from compressor_2.cli import main
+
+    out = tmp_path / "out"
+    shutil.copytree(finished, out)
+    before = files_of(out)
+    config = write_config(tmp_path, shared, model_dir, **symbols)
+    capsys.readouterr()
+    assert main(["evolve", "--config", str(config)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith(f"error: '{out / 'run.sqlite'}' holds a run started with other settings"), err
+    assert files_of(out) == before
+    return err[1:-1]
