@@ -15,7 +15,7 @@ code) and sets the rule a run uses today against rules that tell a gain from noi
   the pool is not significantly lower than the unsteered baseline's;
 - shortest as correct as the baseline (CONFIG_BEST_SHORTEST, what a run does with it): the
   shortest candidate with at least the unsteered baseline's correctness on the pool, the
-  fitter on equal tokens, ranked by the run's own code (run/best.py). The search follows
+  fitter on equal tokens, ranked by the run's own code (the archive's `rank`). The search follows
   the fitness either way, so a run with that option makes the same candidates as the run
   read here and calls this one its best.
 
@@ -44,10 +44,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from compressor_2.archive import RunArchive  # noqa: E402 - after the path is set
+from compressor_2.archive import RunArchive, rank  # noqa: E402 - after the path is set
 from compressor_2.common import atomic_write_text  # noqa: E402
 from compressor_2.config import load_config  # noqa: E402
-from compressor_2.run.best import rank  # noqa: E402
 from compressor_2.findings import HELDOUT, TRAINING, Arm, Claims, Paired, Standing, read_tools_record, standing  # noqa: E402
 
 ORACLE = REPO / "docs" / "real-model" / "stop_oracle.json"  # the baselines' stop oracle, 200 held-out
@@ -88,7 +87,7 @@ def shortest_near_baseline(candidates: Sequence[Candidate], claims: Claims, base
 
 
 def shortest_as_correct(candidates: Sequence[Candidate], claims: Claims, baseline: Candidate) -> Candidate:
-    """CONFIG_BEST_SHORTEST, through the run's own rank (run/best.py)."""
+    """CONFIG_BEST_SHORTEST, through the run's own rank."""
     everyone = [baseline, *candidates] if baseline.id > 0 else list(candidates)
     return max(everyone, key=lambda c: (rank(c.fitness, c.tokens, c.correctness, baseline.correctness), -c.id))
 
@@ -182,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     if not folders:
         print(f"error: no finished run under {args.out_root}", file=sys.stderr)
         return 2
-    found = [(folder, read_run(folder, oracle_cuts())) for folder in folders]
+    cuts = oracle_cuts()
+    found = [(folder, read_run(folder, cuts)) for folder in folders]
     for folder, run in found:
         if run is None:
             print(f"{folder.name}: no held-out check yet, left out", file=sys.stderr)

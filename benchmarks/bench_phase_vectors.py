@@ -34,7 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_stop_oracle import (HELDOUT, PRESET, REPO, read_answers, seed_embeddings,  # noqa: E402
+from bench_stop_oracle import (REPO, answering_arguments, read_answers, seed_embeddings,  # noqa: E402
                                shown, slug, variant, write_table)
 
 from compressor_2.clusters.roles import ROLES, role_ids  # noqa: E402
@@ -84,11 +84,7 @@ def arms() -> list[Arm]:
 
 def arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", type=Path, default=PRESET, help="the base config (default: the SmolLM2 preset)")
-    parser.add_argument("--data", type=Path, default=HELDOUT, help="the questions (default: the demo's held-out)")
-    parser.add_argument("--indices", default="all", help="which questions ('all' or ranges such as 0-99)")
-    parser.add_argument("--work", type=Path, default=REPO / "outputs" / "stop_oracle",
-                        help="where configs, deltas and answers go")
+    answering_arguments(parser)
     parser.add_argument("--jobs", type=int, default=1, help="arms answered side by side")
     parser.add_argument("--only-answered", action="store_true", help="measure the arms already answered, answer none")
     parser.add_argument("--only", default="", metavar="KEY,...",

@@ -158,7 +158,9 @@ def symbols_for(spec: Spec, base: Config, args: argparse.Namespace) -> dict[str,
         pool = len(_pool(base))
         minibatch = min(GEPA_MINIBATCH, max(1, pool // 4))  # the valset and a minibatch fit in the pool
         symbols |= {"MAX_METRIC_CALLS": str(ga_metric_calls(base, pool)), "GEPA_MINIBATCH_SIZE": str(minibatch),
-                    "GEPA_VALSET_SIZE": str(max(1, min(GEPA_VALSET, pool - minibatch)))}
+                    "GEPA_VALSET_SIZE": str(max(1, min(GEPA_VALSET, pool - minibatch))),
+                    # GEPA scores on its valset, which the shortest rule's floor is not measured on.
+                    "BEST_FITTEST": "y", "BEST_SHORTEST": "n"}
     return {**symbols, **args.overrides}
 
 

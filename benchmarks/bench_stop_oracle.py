@@ -63,13 +63,19 @@ class ArmSpec:
     key: str = ""  # names its answers file (default: from the name); all-zero arms of one prompt share one
 
 
-def arguments(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def answering_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every benchmark answering with the preset shares: the config, the
+    questions and where its answers go (bench_phase_vectors.py's too)."""
     parser.add_argument("--config", type=Path, default=PRESET, help="the base config (default: the SmolLM2 preset)")
     parser.add_argument("--data", type=Path, default=HELDOUT, help="the questions (default: the demo's held-out)")
     parser.add_argument("--indices", default="all", help="which questions ('all' or ranges such as 0-99)")
     parser.add_argument("--work", type=Path, default=REPO / "outputs" / "stop_oracle",
                         help="where configs, deltas and answers go")
+
+
+def arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    answering_arguments(parser)
     parser.add_argument("--roles", action="store_true", help="the role clusters' arms instead of plain/instructed")
     parser.add_argument("--role-deltas", default="-2,2", help="the hand-set deltas tried on each role (--roles)")
     parser.add_argument("--instructed", action="store_true",

@@ -17,7 +17,7 @@ from typing import Any
 
 
 from compressor_2.config import Config, load_config
-from tests.sglang_helpers import free_port, hung, wait_until_up
+from tests.sglang_helpers import hung, serve_fake
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE = REPO / "tests" / "fakes" / "logit_bias_server.py"
@@ -26,16 +26,8 @@ FAKE = REPO / "tests" / "fakes" / "logit_bias_server.py"
 @contextmanager
 def logit_bias_server(model_dir: Path, *flags: str) -> Iterator[str]:
     """The fake on a free loopback port with `flags`; yields its base URL once it answers."""
-    port = free_port()
-    process = subprocess.Popen([sys.executable, str(FAKE), "--model-path", str(model_dir), "--port", str(port),
-                                *flags], stdout=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_up(process, url + "/v1/models", lambda: "the fake server died")
+    with serve_fake(FAKE, model_dir, "/v1/models", *flags) as url:
         yield url
-    finally:
-        process.kill()
-        process.wait()
 
 
 def logit_bias_config(output_dir: Path, model_dir: Path | str, url: str, **overrides: Any) -> Config:

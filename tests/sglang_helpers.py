@@ -100,19 +100,27 @@ def fake_stats(url: str) -> dict[str, Any]:
 
 
 @contextmanager
-def fake_server(model_dir: Path, *flags: str) -> Iterator[str]:
-    """A fake SGLang server started with exactly `flags` (nothing added: real servers you
-    attach to are started by hand), on a free loopback port; yields its URL once it is up."""
+def serve_fake(script: Path, model_dir: Path, health: str, *flags: str) -> Iterator[str]:
+    """The fake server `script` with exactly `flags`, on a free loopback port; yields its URL
+    once `health` answers, and kills it on the way out."""
     port = free_port()
-    process = subprocess.Popen([sys.executable, str(FAKE_SERVER), "--model-path", str(model_dir),
-                                "--port", str(port), *flags], stdout=subprocess.DEVNULL)
+    process = subprocess.Popen([sys.executable, str(script), "--model-path", str(model_dir), "--port", str(port),
+                                *flags], stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until_up(process, url + "/health", lambda: "the fake server died")
+        wait_until_up(process, url + health, lambda: "the fake server died")
         yield url
     finally:
         process.kill()
         process.wait()
+
+
+@contextmanager
+def fake_server(model_dir: Path, *flags: str) -> Iterator[str]:
+    """A fake SGLang server started with exactly `flags` (nothing added: real servers you
+    attach to are started by hand), on a free loopback port; yields its URL once it is up."""
+    with serve_fake(FAKE_SERVER, model_dir, "/health", *flags) as url:
+        yield url
 
 
 def logged_requests(log: Path, path: str = "/generate") -> list[dict[str, Any]]:

@@ -9,11 +9,13 @@ import json
 import pytest
 
 from compressor_2.archive import BEST_FLOOR, Candidate, RunArchive
+from compressor_2.common import ConfigError
 from compressor_2.findings import training_baseline
 from compressor_2.fitness import Evaluation
 from compressor_2.resume import Member
 from compressor_2.resume.identity import RunInputs, changes, run_identity
-from compressor_2.run.best import BestEver, rank
+from compressor_2.archive import rank
+from compressor_2.run.best import BestEver
 from tests.test_evolution_support import config_for, query, read_json, refused_resume, whole_and_resumed
 
 SHORTEST = {"BEST_FITTEST": "n", "BEST_SHORTEST": "y"}
@@ -73,6 +75,14 @@ def test_the_best_ever_takes_what_the_archive_calls_best(tmp_path):
     assert not restored.consider([(Member({"0": 9.0}, "", 9), evaluation(0.62, 24.0, 0.40))])  # equal: the earlier
     assert not restored.consider([(Member({"0": 9.0}, "", 9), evaluation(0.99, 10.0, 0.35))])  # under the floor
     assert restored.consider([(Member({"0": 9.0}, "", 9), evaluation(0.5, 23.0, 0.45))])
+
+
+def test_the_shortest_rule_with_gepa_is_refused_in_one_line(tmp_path, shared, tiny_model_dir):
+    """GEPA scores its candidates on its valset, not on the pool the floor was measured on."""
+    with pytest.raises(ConfigError) as refused:
+        config_for(tmp_path, shared, tiny_model_dir, **SHORTEST, STRATEGY_GA="n", STRATEGY_GEPA="y")
+    assert "CONFIG_BEST_SHORTEST" in str(refused.value) and "CONFIG_STRATEGY_GEPA" in str(refused.value)
+    assert "\n" not in str(refused.value)
 
 
 def test_the_rule_is_part_of_the_identity_only_away_from_the_default(tmp_path, shared, tiny_model_dir):

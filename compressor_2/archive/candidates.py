@@ -20,6 +20,18 @@ CANDIDATE_COLUMNS = ("id", "deltas", "scratchpad", "operator", "strategy", "gene
                      "mean_tokens", "correctness", "created")
 _SELECTED = ", ".join(CANDIDATE_COLUMNS)
 CORRECTNESS_EPSILON = 1e-9  # correctness is a fraction of the pool: equal ones may differ in the last bit
+Rank = tuple[float, ...]  # compared as tuples: the higher the better
+
+
+def rank(fitness: float, tokens: float | None, correctness: float | None, floor: float | None) -> Rank:
+    """Which candidate is the best, the one order the archive's `best` and the run's
+    best-ever share: the fitness; with a correctness floor, first whether a candidate is at
+    least that correct, then (if so) the fewer tokens, then the fitness."""
+    if floor is None:
+        return (fitness,)
+    if tokens is None or correctness is None or correctness < floor - CORRECTNESS_EPSILON:
+        return (0.0, fitness)
+    return (1.0, -tokens, fitness)
 # The candidates a named query selects.
 _WHERE = {
     "all": "",
@@ -95,14 +107,14 @@ class Candidates:
         return {c.id: c for c in found if c.id is not None}
 
     def best(self, floor: float | None = None) -> Candidate | None:
+        """The highest ranked candidate with a fitness (`rank`), the earliest on a tie."""
         if floor is None:
             found = self.db.query(f"SELECT {_SELECTED} FROM candidates WHERE fitness IS NOT NULL "
                                   "ORDER BY fitness DESC, id ASC LIMIT 1")
-        else:  # as run/best.py's `rank` orders them
-            found = self.db.query(f"SELECT {_SELECTED} FROM candidates WHERE fitness IS NOT NULL ORDER BY "
-                                  "coalesce(correctness >= ?, 0) DESC, CASE WHEN correctness >= ? THEN mean_tokens END "
-                                  "ASC, fitness DESC, id ASC LIMIT 1", [floor - CORRECTNESS_EPSILON] * 2)
-        return self._candidates(found)[0] if found else None
+            return self._candidates(found)[0] if found else None
+        ranked = self._candidates(self.db.query(f"SELECT {_SELECTED} FROM candidates WHERE fitness IS NOT NULL"))
+        return max(ranked, key=lambda c: (rank(c.fitness or 0.0, c.mean_tokens, c.correctness, floor), -(c.id or 0)),
+                   default=None)
 
     def genomes(self) -> set[str]:
         return {genome for (genome,) in self.db.query("SELECT genome FROM candidates")}

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from compressor_2.archive.answers import AnswerTable, CheckResults
-from compressor_2.archive.candidates import CORRECTNESS_EPSILON, Candidates
+from compressor_2.archive.candidates import Candidates
 from compressor_2.archive.lineage import Lineage
 from compressor_2.archive.log import RunLog
 from compressor_2.archive.records import Feedback, Merge, Records

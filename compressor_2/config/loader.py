@@ -299,6 +299,10 @@ def _engine(r: Reader, checked: dict[str, Any]) -> dict[str, Any]:
 
 
 def _fitness_and_reflector(r: Reader, checked: dict[str, Any]) -> dict[str, Any]:
+    # The floor is the baseline's correctness on the whole pool; GEPA scores its candidates on its valset.
+    require(not (r.flag("BEST_SHORTEST") and r.flag("STRATEGY_GEPA")),
+            "CONFIG_BEST_SHORTEST compares a candidate's correctness on the whole training pool with the baseline's, "
+            "but CONFIG_STRATEGY_GEPA scores its candidates on its valset: set CONFIG_BEST_FITTEST=y with GEPA")
     return dict(
         lambda_shortness=checked["lambda_shortness"],
         lambda_correctness=checked["lambda_correctness"],

@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from compressor_2.archive import CORRECTNESS_EPSILON
+from compressor_2.archive import Rank, rank
 from compressor_2.common import atomic_write_json, say
 from compressor_2.deltas import deltas_document, sidecar_path, write_sidecar
 from compressor_2.fitness import Evaluation
@@ -26,20 +26,6 @@ DELTAS_BEST = "deltas_best.json"
 PROCESSOR_BEST = "processor_best.py"
 
 WriteProcessor = Callable[[Path, Path], object]  # (deltas JSON, processor module); what it returns is unused
-
-
-Rank = tuple[float, ...]  # compared as tuples: the higher the better
-
-
-def rank(fitness: float, tokens: float | None, correctness: float | None, floor: float | None) -> Rank:
-    """A candidate's rank: its fitness; with a floor, first whether it is at least that
-    correct, then (if so) the fewer tokens, then the fitness. The archive's `best` orders
-    its rows the same way."""
-    if floor is None:
-        return (fitness,)
-    if tokens is None or correctness is None or correctness < floor - CORRECTNESS_EPSILON:
-        return (0.0, fitness)
-    return (1.0, -tokens, fitness)
 
 
 class BestEver:
