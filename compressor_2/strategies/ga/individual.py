@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
-from typing import Any
 
 from deap import base
 
